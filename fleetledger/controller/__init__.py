@@ -1,0 +1,1 @@
+"""The imperative shell around the pure core: ingest, pumps, decisions, Ray glue."""

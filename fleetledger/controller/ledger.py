@@ -1,0 +1,270 @@
+"""The ingest facade: one method per kind of report, each appended before it has effect.
+
+Append, then apply: every call appends its events to the durable log and then folds
+into the in-memory view exactly what the log holds after ``view.seq`` — the events it
+accepted and any that other processes (a router, an adapter in another actor)
+appended to the same run meanwhile. So ``ledger.view == fold(log up to view.seq)``
+always holds, and a test pins it. A decision that is not in the log cannot be
+explained by a replay, so decisions go through here too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import (
+    ActorDeathConfirmed,
+    Event,
+    FleetConfig,
+    FleetExhausted,
+    OutcomeWindowReported,
+    ProbeFailed,
+    ProbeSucceeded,
+    RefitAborted,
+    RefitCompleted,
+    RefitStarted,
+    ReplacementLoaded,
+    RestartFailed,
+    RestartRequested,
+    RunEnded,
+    RunStarted,
+    ShardOutcomes,
+    ShardRetired,
+    SilentParticipantCondemned,
+    StallDetected,
+    WeightsMarkedPartial,
+)
+from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
+from fleetledger.projections.shard_states import Transition
+from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
+
+DEFAULT_SNAPSHOT_EVERY = 10_000
+
+_log = structlog.get_logger("fleetledger.ledger")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe of one shard returned."""
+
+    kind: Literal["ok", "timeout", "error", "died"]
+    error: str = ""
+
+    @classmethod
+    def ok(cls) -> ProbeResult:
+        return cls("ok")
+
+    def as_event(self, shard: int) -> Event:
+        if self.kind == "ok":
+            return ProbeSucceeded(shard=shard)
+        if self.kind == "died":
+            return ActorDeathConfirmed(shard=shard, error=self.error)
+        return ProbeFailed(shard=shard, kind=self.kind, error=self.error)
+
+
+def load_view(log: EventLog, run: str, at_seq: int | None = None) -> FleetView:
+    """The view of ``run`` at ``at_seq`` (default: the head): nearest snapshot + the tail."""
+    head = log.head(run)
+    if at_seq is not None and not 1 <= at_seq <= head:
+        raise ProjectionError(f"run {run!r} has seqs 1..{head}; --at {at_seq} is outside it")
+    target = head if at_seq is None else at_seq
+    view: FleetView | None = None
+    stored = log.load_snapshot(run, PROJECTION_VERSION, at_most_seq=target)
+    if stored is not None:
+        try:
+            view = from_snapshot(stored[1])
+        except ProjectionError as exc:
+            _log.warning("snapshot ignored", run=run, seq=stored[0], problem=str(exc))
+    return fold(log.read(run, view.seq if view else 0, target), into=view)
+
+
+class Ledger:
+    """A run's ledger in one process: the log, the run id and the live view."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        run: str,
+        view: FleetView,
+        *,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    ) -> None:
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        self.log = log
+        self.run = run
+        self._view = view
+        self._snapshot_every = snapshot_every
+        self._snapshot_seq = view.seq
+        self._lock = threading.RLock()
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    @classmethod
+    def start(
+        cls,
+        log: EventLog,
+        run: str,
+        config: FleetConfig,
+        *,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+    ) -> Ledger:
+        """Start a new run; its configuration is its first event."""
+        log.append(run, [RunStarted(config=config)])
+        ledger = cls(log, run, fold(log.read(run, 0, 1)), snapshot_every=snapshot_every)
+        ledger.catch_up()
+        return ledger
+
+    @classmethod
+    def resume(
+        cls, log: EventLog, run: str, *, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
+    ) -> Ledger:
+        """Pick a run up in a new process: snapshot + tail, so epoch and states survive."""
+        return cls(log, run, load_view(log, run), snapshot_every=snapshot_every)
+
+    @property
+    def view(self) -> FleetView:
+        return self._view
+
+    # ── the one way in ──────────────────────────────────────────────────────
+
+    def record(self, events: Sequence[Event]) -> list[Transition]:
+        """Append ``events`` in one transaction, then fold the log's tail into the view."""
+        with self._lock:
+            self.log.append(self.run, events)
+            return self.catch_up()
+
+    def catch_up(self) -> list[Transition]:
+        """Fold whatever the log holds after ``view.seq``; returns the state changes."""
+        with self._lock:
+            transitions: list[Transition] = []
+            for page in self.log.read_pages(self.run, self._view.seq):
+                for recorded in page:
+                    transitions += self._view.apply(recorded)
+            for t in transitions:
+                _log.info(
+                    "shard transition",
+                    run=self.run,
+                    seq=t.seq,
+                    shard=t.shard,
+                    before=t.before.value,
+                    after=t.after.value,
+                    rule=t.rule,
+                    evidence=list(t.evidence),
+                    epoch=self._view.epoch,
+                )
+            if self._view.seq - self._snapshot_seq >= self._snapshot_every:
+                self.save_snapshot()
+            return transitions
+
+    def save_snapshot(self) -> int:
+        with self._lock:
+            self.log.save_snapshot(
+                self.run, PROJECTION_VERSION, self._view.seq, to_snapshot(self._view)
+            )
+            self._snapshot_seq = self._view.seq
+            return self._snapshot_seq
+
+    # ── reports ─────────────────────────────────────────────────────────────
+
+    def record_probes(self, results: Mapping[int, ProbeResult]) -> list[Transition]:
+        """A whole probe round, as one batch, in shard order."""
+        return self.record([results[shard].as_event(shard) for shard in sorted(results)])
+
+    def report_outcomes(self, adapter: str, outcomes: Iterable[ShardOutcomes]) -> list[Transition]:
+        """One adapter's window: successes and failures per shard, handed over together."""
+        return self.record([OutcomeWindowReported(adapter=adapter, outcomes=tuple(outcomes))])
+
+    def refit_started(
+        self, weight_version: int, shards: Sequence[int] | None = None
+    ) -> list[Transition]:
+        """Participants default to every shard that is not absent (STALE included)."""
+        participants = self._not_absent() if shards is None else tuple(shards)
+        return self.record([RefitStarted(weight_version=weight_version, shards=participants)])
+
+    def refit_completed(
+        self, weight_version: int, shards: Sequence[int] | None = None
+    ) -> list[Transition]:
+        """Participants default to the open refit's, else every shard not absent."""
+        if shards is None:
+            open_refit = self._view.open_refit
+            shards = open_refit.shards if open_refit else self._not_absent()
+        return self.record([RefitCompleted(weight_version=weight_version, shards=tuple(shards))])
+
+    def refit_aborted(
+        self, weight_version: int, reason: str, *, context_lost: bool = False
+    ) -> list[Transition]:
+        return self.record(
+            [RefitAborted(weight_version=weight_version, reason=reason, context_lost=context_lost)]
+        )
+
+    def mark_weights_partial(self, weight_version: int) -> list[Transition]:
+        return self.record([WeightsMarkedPartial(weight_version=weight_version)])
+
+    def restart_requested(self, shard: int) -> list[Transition]:
+        return self.record([RestartRequested(shard=shard)])
+
+    def restart_failed(self, shard: int, error: str) -> list[Transition]:
+        return self.record([RestartFailed(shard=shard, error=error)])
+
+    def replacement_loaded(self, shard: int, base_url: str | None = None) -> list[Transition]:
+        return self.record([ReplacementLoaded(shard=shard, base_url=base_url)])
+
+    def condemn_silent_participant(self, shard: int, reason: str) -> list[Transition]:
+        return self.record([SilentParticipantCondemned(shard=shard, reason=reason)])
+
+    def retire(self, shard: int, reason: str) -> list[Transition]:
+        return self.record([ShardRetired(shard=shard, reason=reason)])
+
+    def stall_detected(
+        self,
+        *,
+        committed_groups: int,
+        train_steps: int,
+        idle_s: float,
+        in_flight: int,
+        action: Literal["warn", "abort"],
+    ) -> list[Transition]:
+        return self.record(
+            [
+                StallDetected(
+                    committed_groups=committed_groups,
+                    train_steps=train_steps,
+                    idle_s=idle_s,
+                    in_flight=in_flight,
+                    action=action,
+                )
+            ]
+        )
+
+    def declare_exhausted(self) -> list[Transition]:
+        """Record that the fleet fell below ``min_healthy_shards``, with counts per state."""
+        exhaustion = self._view.exhaustion()
+        if exhaustion is None:
+            raise ValueError(
+                f"run {self.run!r}: {len(self._view.serving)} shards serve, not below "
+                f"min_healthy_shards={self._view.config.min_healthy_shards}; not exhausted"
+            )
+        return self.record(
+            [
+                FleetExhausted(
+                    serving=exhaustion.serving,
+                    min_healthy_shards=exhaustion.min_healthy_shards,
+                    counts=exhaustion.counts,
+                )
+            ]
+        )
+
+    def end_run(
+        self, outcome: Literal["completed", "failed", "aborted"], cause: str
+    ) -> list[Transition]:
+        return self.record([RunEnded(outcome=outcome, cause=cause)])
+
+    def _not_absent(self) -> tuple[int, ...]:
+        return tuple(r.index for r in self._view.shards if not r.absent)

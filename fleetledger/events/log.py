@@ -1,0 +1,498 @@
+"""The durable, ordered event log of every run, over SQLAlchemy Core.
+
+Guarantees, and how each is kept:
+
+- **Durable when it returns.** An append is one transaction; it returns only after
+  COMMIT, which on SQLite runs with ``synchronous=FULL`` in WAL mode and on PostgreSQL
+  with its default ``synchronous_commit=on``. A process killed mid-append leaves the
+  transaction uncommitted: the log holds every committed event and no part of another.
+- **One gap-free total order per run.** The seq is assigned inside the appending
+  transaction from the run's head row, which the appender holds exclusively: on
+  PostgreSQL by ``SELECT … FOR UPDATE`` on that row, on SQLite by ``BEGIN IMMEDIATE``
+  (one writer at a time). A PostgreSQL sequence would leave gaps on rollback. Because
+  the lock is held until commit, commit order equals seq order, so a reader tailing
+  ``seq > n`` can never see seq n+2 before n+1 and skip it.
+- **Idempotent appends.** Every event carries a unique id; appending an id the run
+  already holds returns the stored seq and writes nothing, so a retry after an
+  ambiguous failure (a lost connection at COMMIT) does not duplicate.
+- **Nothing invalid is written.** A batch is checked whole before its first insert: the
+  run must exist (or the batch must start it), shards must be in range, nothing may
+  follow ``run_ended``. A refused batch leaves the log unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from fleetledger.events.codec import EventCodec, StoredRow
+from fleetledger.events.database import Database, open_database
+from fleetledger.events.errors import (
+    AppendRejected,
+    EventDecodeError,
+    LedgerError,
+    LedgerWriteError,
+    UnknownRun,
+)
+from fleetledger.events.models import Event, FleetConfig, RecordedEvent, RunEnded, RunStarted
+from fleetledger.events.schema import events, runs, snapshots
+
+READ_PAGE = 20_000
+MAX_RUN_ID_LENGTH = 128
+
+
+def wall_clock_us() -> int:
+    return time.time_ns() // 1_000
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    head_seq: int
+    started_at_us: int
+    last_at_us: int
+    ended: bool
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """A stored event as an export file holds it, kept byte-for-byte on import."""
+
+    seq: int
+    event_id: str
+    at_us: int
+    type: str
+    schema_version: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    event: Event
+    type: str
+    version: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class _Head:
+    seq: int
+    at_us: int
+    ended_seq: int | None
+
+
+def check_run_id(run: str) -> None:
+    if not isinstance(run, str) or not run or len(run) > MAX_RUN_ID_LENGTH or not run.isprintable():
+        raise AppendRejected(
+            str(run), f"a run id must be 1..{MAX_RUN_ID_LENGTH} printable characters"
+        )
+
+
+class _Retry(Exception):
+    """The fast path met an already-stored id or a racing run start: redo with lookups."""
+
+
+class EventLog:
+    """Append, read and list runs in one ledger database."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        codec: EventCodec | None = None,
+        clock_us: Callable[[], int] = wall_clock_us,
+    ) -> None:
+        self.database = database
+        self.codec = codec or EventCodec()
+        self._clock_us = clock_us
+        self._configs: dict[str, FleetConfig] = {}
+
+    @classmethod
+    def open(cls, url: str | None = None, **kwargs: Any) -> EventLog:
+        return cls(open_database(url), **kwargs)
+
+    def close(self) -> None:
+        self.database.dispose()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ── append ────────────────────────────────────────────────────────────────
+
+    def append(self, run: str, batch: Sequence[Event]) -> list[int]:
+        """Append ``batch`` to ``run`` in one transaction; returns each event's seq.
+
+        Events whose id the run already holds are not written again: their stored seq
+        is returned. Raises :class:`AppendRejected` (nothing written) for invalid input
+        and :class:`LedgerWriteError` when the database refuses the write.
+        """
+        check_run_id(run)
+        if not batch:
+            return []
+        encoded = self._encode(run, batch)
+        try:
+            return self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=False))
+        except _Retry:
+            pass
+        # Slow path: some ids may be stored already, or another process started the run
+        # between our read and our insert. Each retry sees strictly more committed state.
+        for _ in range(3):
+            try:
+                return self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=True))
+            except _Retry:
+                continue
+        raise LedgerWriteError(
+            f"{self.database.display_url}: run {run!r}: the append kept conflicting with "
+            "concurrent writers; nothing was written"
+        )
+
+    def _encode(self, run: str, batch: Sequence[Event]) -> list[_Encoded]:
+        out: list[_Encoded] = []
+        seen: set[str] = set()
+        for index, event in enumerate(batch):
+            if not isinstance(event, Event):
+                raise AppendRejected(run, f"{type(event).__name__} is not an event", index=index)
+            try:
+                type_, version, payload = self.codec.encode(event)
+            except TypeError as exc:
+                raise AppendRejected(run, str(exc), index=index) from None
+            if event.id in seen:
+                raise AppendRejected(run, f"event id {event.id} appears twice", index=index)
+            seen.add(event.id)
+            out.append(_Encoded(event, type_, version, payload))
+        return out
+
+    def _transact(self, body: Callable[[Connection], list[int]]) -> list[int]:
+        try:
+            with self.database.write_connection() as conn:
+                with conn.begin():
+                    return body(conn)
+        except IntegrityError:
+            raise _Retry() from None
+        except OperationalError as exc:
+            raise self._write_error(exc) from None
+        except DBAPIError as exc:
+            raise self._write_error(exc) from None
+
+    def _write_error(self, exc: DBAPIError) -> LedgerWriteError:
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        hint = ""
+        if "readonly" in detail or "read-only" in detail:
+            hint = " (the ledger is read-only)"
+        elif exc.connection_invalidated or "closed" in detail.lower():
+            hint = (
+                " (the connection was lost; the append may or may not have committed — "
+                "retry with the same events, their ids make the retry safe)"
+            )
+        return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
+
+    def _lock_head(self, conn: Connection, run: str) -> _Head | None:
+        row = conn.execute(
+            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq)
+            .where(runs.c.run_id == run)
+            .with_for_update()
+        ).first()
+        return None if row is None else _Head(row.head_seq, row.head_at_us, row.ended_seq)
+
+    def _append_in(
+        self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
+    ) -> list[int]:
+        head = self._lock_head(conn, run)
+        stored: dict[str, int] = {}
+        if lookup and head is not None:
+            ids = [e.event.id for e in encoded]
+            stored = dict(
+                conn.execute(
+                    select(events.c.event_id, events.c.seq).where(
+                        events.c.run_id == run, events.c.event_id.in_(ids)
+                    )
+                ).all()
+            )
+        fresh = [e for e in encoded if e.event.id not in stored]
+        if not fresh:
+            return [stored[e.event.id] for e in encoded]
+        try:
+            config = self._validate(conn, run, head, fresh)
+        except AppendRejected:
+            if lookup:
+                raise
+            raise _Retry() from None  # maybe a retried batch: look its ids up first
+        if head is None:
+            self._configs[run] = config
+        now = max(self._clock_us(), head.at_us if head else 0)
+        first = (head.seq if head else 0) + 1
+        assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
+        conn.execute(
+            insert(events),
+            [
+                {
+                    "run_id": run,
+                    "seq": assigned[e.event.id],
+                    "event_id": e.event.id,
+                    "type": e.type,
+                    "schema_version": e.version,
+                    "at_us": now,
+                    "payload": e.payload,
+                }
+                for e in fresh
+            ],
+        )
+        last = first + len(fresh) - 1
+        ended = last if isinstance(fresh[-1].event, RunEnded) else None
+        if head is None:
+            conn.execute(
+                insert(runs).values(run_id=run, head_seq=last, head_at_us=now, ended_seq=ended)
+            )
+        else:
+            conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run)
+                .values(head_seq=last, head_at_us=now, ended_seq=ended)
+            )
+        return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded]
+
+    def _validate(
+        self, conn: Connection, run: str, head: _Head | None, fresh: list[_Encoded]
+    ) -> FleetConfig:
+        """Check a batch against the run's state; returns the run's configuration."""
+        offset = 0
+        if head is None:
+            first = fresh[0].event
+            if not isinstance(first, RunStarted):
+                raise UnknownRun(
+                    run,
+                    f"no run {run!r} in this ledger; a run begins with a run_started event "
+                    f"(got {first.type!r})",
+                    index=0,
+                )
+            config = first.config
+            offset = 1
+        else:
+            if head.ended_seq is not None:
+                raise AppendRejected(
+                    run, f"the run ended at seq {head.ended_seq}; nothing may be appended after it"
+                )
+            config = self._config_in(conn, run)
+        for index, item in enumerate(fresh[offset:], start=offset):
+            event = item.event
+            if isinstance(event, RunStarted):
+                raise AppendRejected(run, "the run has already started", index=index)
+            if isinstance(event, RunEnded) and index != len(fresh) - 1:
+                raise AppendRejected(run, "run_ended must be the last event", index=index)
+            try:
+                config.check_event(event)
+            except ValueError as exc:
+                raise AppendRejected(run, f"{event.type}: {exc}", index=index) from None
+        return config
+
+    def _config_in(self, conn: Connection, run: str) -> FleetConfig:
+        config = self._configs.get(run)
+        if config is None:
+            row = conn.execute(
+                select(
+                    events.c.seq,
+                    events.c.at_us,
+                    events.c.type,
+                    events.c.schema_version,
+                    events.c.payload,
+                ).where(events.c.run_id == run, events.c.seq == 1)
+            ).first()
+            if row is None:
+                raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
+            started = self.codec.decode(run, 1, row.type, row.schema_version, row.payload)
+            if not isinstance(started, RunStarted):
+                raise EventDecodeError(run, 1, f"the first event is {row.type!r}, not run_started")
+            config = self._configs[run] = started.config
+        return config
+
+    # ── read ─────────────────────────────────────────────────────────────────
+
+    def config(self, run: str) -> FleetConfig:
+        with self.database.engine.connect() as conn:
+            self._require_run(conn, run)
+            return self._config_in(conn, run)
+
+    def head(self, run: str) -> int:
+        with self.database.engine.connect() as conn:
+            return self._require_run(conn, run).seq
+
+    def _require_run(self, conn: Connection, run: str) -> _Head:
+        row = conn.execute(
+            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq).where(runs.c.run_id == run)
+        ).first()
+        if row is None:
+            known = conn.execute(select(runs.c.run_id).order_by(runs.c.run_id).limit(20)).scalars()
+            listed = ", ".join(known) or "none"
+            raise UnknownRun(run, f"no run {run!r} in {self.database.display_url} (runs: {listed})")
+        return _Head(row.head_seq, row.head_at_us, row.ended_seq)
+
+    def read_stored(
+        self, run: str, after_seq: int = 0, to_seq: int | None = None
+    ) -> Iterator[list[StoredRow]]:
+        """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded."""
+        with self.database.engine.connect() as conn:
+            head = self._require_run(conn, run)
+            conn.rollback()
+        last = head.seq if to_seq is None else min(to_seq, head.seq)
+        lo = after_seq
+        while lo < last:
+            hi = min(lo + READ_PAGE, last)
+            with self.database.engine.connect() as conn:
+                rows = conn.execute(
+                    select(
+                        events.c.seq,
+                        events.c.at_us,
+                        events.c.type,
+                        events.c.schema_version,
+                        events.c.payload,
+                    )
+                    .where(events.c.run_id == run, events.c.seq > lo, events.c.seq <= hi)
+                    .order_by(events.c.seq)
+                ).all()
+            page = [StoredRow(*r) for r in rows]
+            if len(page) != hi - lo:
+                raise LedgerError(
+                    f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} rows; "
+                    "the ledger is damaged"
+                )
+            yield page
+            lo = hi
+
+    def read(
+        self, run: str, after_seq: int = 0, to_seq: int | None = None
+    ) -> Iterator[RecordedEvent]:
+        """Decoded events of ``run`` after ``after_seq`` (up to ``to_seq``), in seq order."""
+        for page in self.read_stored(run, after_seq, to_seq):
+            yield from self.codec.decode_rows(run, page)
+
+    def read_pages(
+        self, run: str, after_seq: int = 0, to_seq: int | None = None
+    ) -> Iterator[list[RecordedEvent]]:
+        for page in self.read_stored(run, after_seq, to_seq):
+            yield self.codec.decode_rows(run, page)
+
+    def event_ids(self, run: str) -> dict[int, str]:
+        with self.database.engine.connect() as conn:
+            self._require_run(conn, run)
+            rows = conn.execute(
+                select(events.c.seq, events.c.event_id).where(events.c.run_id == run)
+            ).all()
+        return dict(rows)
+
+    def runs(self) -> list[RunSummary]:
+        first_at = select(events.c.run_id, events.c.at_us).where(events.c.seq == 1).subquery()
+        query = (
+            select(
+                runs.c.run_id,
+                runs.c.head_seq,
+                first_at.c.at_us,
+                runs.c.head_at_us,
+                runs.c.ended_seq,
+            )
+            .join(first_at, first_at.c.run_id == runs.c.run_id)
+            .order_by(first_at.c.at_us, runs.c.run_id)
+        )
+        with self.database.engine.connect() as conn:
+            return [
+                RunSummary(r[0], r[1], r[2], r[3], r[4] is not None) for r in conn.execute(query)
+            ]
+
+    def count_events(self) -> int:
+        with self.database.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(events)).scalar_one())
+
+    # ── import ───────────────────────────────────────────────────────────────
+
+    def import_run(self, run: str, rows: Sequence[ImportRow]) -> None:
+        """Write an already-validated run whole, keeping ids, times and versions."""
+        check_run_id(run)
+        if not rows:
+            raise AppendRejected(run, "nothing to import")
+
+        def body(conn: Connection) -> list[int]:
+            if self._lock_head(conn, run) is not None:
+                raise AppendRejected(
+                    run, f"run {run!r} already exists here; import it under another name with --run"
+                )
+            conn.execute(
+                insert(events),
+                [
+                    {
+                        "run_id": run,
+                        "seq": r.seq,
+                        "event_id": r.event_id,
+                        "type": r.type,
+                        "schema_version": r.schema_version,
+                        "at_us": r.at_us,
+                        "payload": r.payload,
+                    }
+                    for r in rows
+                ],
+            )
+            last = rows[-1]
+            conn.execute(
+                insert(runs).values(
+                    run_id=run,
+                    head_seq=last.seq,
+                    head_at_us=max(r.at_us for r in rows),
+                    ended_seq=last.seq
+                    if last.type == RunEnded.model_fields["type"].default
+                    else None,
+                )
+            )
+            return []
+
+        try:
+            self._transact(body)
+        except _Retry:
+            raise AppendRejected(
+                run, f"run {run!r} was created by another process during the import"
+            ) from None
+
+    # ── snapshots ────────────────────────────────────────────────────────────
+
+    def save_snapshot(self, run: str, projection_version: int, seq: int, payload: str) -> None:
+        def body(conn: Connection) -> list[int]:
+            head = self._lock_head(conn, run)
+            if head is None or seq > head.seq or seq < 1:
+                raise AppendRejected(run, f"cannot snapshot at seq {seq}: not in the log")
+            exists = conn.execute(
+                select(snapshots.c.seq).where(
+                    snapshots.c.run_id == run,
+                    snapshots.c.projection_version == projection_version,
+                    snapshots.c.seq == seq,
+                )
+            ).first()
+            if exists is None:
+                conn.execute(
+                    insert(snapshots).values(
+                        run_id=run, projection_version=projection_version, seq=seq, payload=payload
+                    )
+                )
+            return []
+
+        try:
+            self._transact(body)
+        except _Retry:
+            pass  # another process stored the same snapshot first: same seq, same content
+
+    def load_snapshot(
+        self, run: str, projection_version: int, at_most_seq: int | None = None
+    ) -> tuple[int, str] | None:
+        """The newest snapshot of this projection version at or before ``at_most_seq``."""
+        query = select(snapshots.c.seq, snapshots.c.payload).where(
+            snapshots.c.run_id == run, snapshots.c.projection_version == projection_version
+        )
+        if at_most_seq is not None:
+            query = query.where(snapshots.c.seq <= at_most_seq)
+        with self.database.engine.connect() as conn:
+            row = conn.execute(query.order_by(snapshots.c.seq.desc()).limit(1)).first()
+        return None if row is None else (row.seq, row.payload)

@@ -1,0 +1,367 @@
+"""The event vocabulary: every fact a run learns about its fleet, and every decision taken.
+
+Rules of this module:
+
+- An event is a frozen pydantic model with a literal ``type`` and a class-level
+  ``SCHEMA_VERSION``. Changing the fields of a stored type means bumping its version
+  and registering an upcaster in :mod:`fleetledger.events.codec`, never editing history.
+- The event carries its own ``id`` (time-ordered, minted by whoever creates the event),
+  so a retried append after an ambiguous failure is recognised and not duplicated.
+  The run, the sequence number and the timestamp are *not* fields of the event: the
+  log assigns them when it records it (see :class:`RecordedEvent`).
+- Validation that needs only the event is done here (non-negative shards, known
+  failure categories). Validation that needs the run's configuration (a shard index
+  below ``shard_count``) is :meth:`FleetConfig.check_event`, called by the log before
+  it writes anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, model_validator
+
+from fleetledger.events.ids import new_event_id
+
+ShardIndex = Annotated[int, Field(ge=0, description="Generation shard index (data-parallel rank).")]
+WeightVersion = Annotated[int, Field(ge=0, description="Trainer weight version (train step).")]
+Reason = Annotated[str, Field(min_length=1, max_length=4096)]
+
+
+class FleetConfig(BaseModel):
+    """The fleet's shape and the thresholds the folds use, as the run had them.
+
+    Recorded in :class:`RunStarted` so a replay folds with the values the run had, not
+    with today's defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shard_count: int = Field(ge=1, description="Number of generation shards (dp size).")
+    workers_per_shard: int = Field(
+        default=1, ge=1, description="Ranks per shard in the refit communicator (tp × pp)."
+    )
+    train_world_size: int = Field(ge=1, description="Trainer ranks; ranks 0..n-1 of every refit.")
+    unhealthy_threshold: int = Field(default=3, ge=1)
+    healthy_threshold: int = Field(default=2, ge=1)
+    max_restart_attempts_per_shard: int = Field(default=5, ge=0)
+    min_healthy_shards: int = Field(default=1, ge=1)
+    base_urls: tuple[str, ...] = Field(description="One base URL per shard, in shard order.")
+    settings: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="The controller's remaining configuration, recorded for the replay.",
+    )
+
+    @model_validator(mode="after")
+    def _fleet_is_consistent(self) -> FleetConfig:
+        if len(self.base_urls) != self.shard_count:
+            raise ValueError(
+                f"base_urls has {len(self.base_urls)} entries for shard_count={self.shard_count};"
+                " give exactly one base URL per shard"
+            )
+        if self.min_healthy_shards > self.shard_count:
+            raise ValueError(
+                f"min_healthy_shards={self.min_healthy_shards} exceeds shard_count="
+                f"{self.shard_count}: the fleet would be exhausted before it starts"
+            )
+        return self
+
+    @property
+    def total_workers(self) -> int:
+        return self.shard_count * self.workers_per_shard
+
+    def check_event(self, event: Event) -> None:
+        """Refuse an event that names a shard this fleet does not have."""
+        for shard in event.shards_named():
+            if shard >= self.shard_count:
+                raise ValueError(
+                    f"shard {shard} is out of range: this run has shard_count="
+                    f"{self.shard_count} (valid shards 0..{self.shard_count - 1})"
+                )
+
+
+class Event(BaseModel):
+    """Base of every event. Subclasses set ``type`` and ``SCHEMA_VERSION``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    id: str = Field(default_factory=new_event_id, min_length=1, max_length=64)
+    type: str
+
+    def shards_named(self) -> tuple[int, ...]:
+        """Every shard index this event refers to (validated against the run's config)."""
+        shard = getattr(self, "shard", None)
+        return () if shard is None else (shard,)
+
+
+# ── run lifecycle ──────────────────────────────────────────────────────────────
+
+
+class RunStarted(Event):
+    """The first event of every run; carries the configuration the folds use."""
+
+    type: Literal["run_started"] = "run_started"
+    config: FleetConfig
+
+
+class RunEnded(Event):
+    """The last event of a run. Nothing may be appended after it."""
+
+    type: Literal["run_ended"] = "run_ended"
+    outcome: Literal["completed", "failed", "aborted"]
+    cause: Reason
+
+
+# ── what probes saw ────────────────────────────────────────────────────────────
+
+
+class ProbeSucceeded(Event):
+    type: Literal["probe_succeeded"] = "probe_succeeded"
+    shard: ShardIndex
+
+
+class ProbeFailed(Event):
+    type: Literal["probe_failed"] = "probe_failed"
+    shard: ShardIndex
+    kind: Literal["timeout", "error"]
+    error: str = Field(default="", max_length=4096)
+
+
+class ActorDeathConfirmed(Event):
+    """The runtime says the shard's process is gone: conclusive, unlike a timeout."""
+
+    type: Literal["actor_death_confirmed"] = "actor_death_confirmed"
+    shard: ShardIndex
+    error: str = Field(default="", max_length=4096)
+
+
+# ── what adapters saw ──────────────────────────────────────────────────────────
+
+
+class FailureCount(BaseModel):
+    """Failures of one category and reason inside one window."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    category: Literal["infra", "data"]
+    reason: Reason
+    count: int = Field(default=1, ge=1)
+
+
+class ShardOutcomes(BaseModel):
+    """What one adapter saw from one shard during one window."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shard: ShardIndex
+    successes: int = Field(default=0, ge=0)
+    failures: tuple[FailureCount, ...] = ()
+
+    @property
+    def infra_failures(self) -> int:
+        return sum(f.count for f in self.failures if f.category == "infra")
+
+
+class OutcomeWindowReported(Event):
+    """Successes and failures per shard, handed over together.
+
+    Both halves of the same window travel in one event: draining them apart would let
+    windows interleave, and a healthy shard with rare blips would eventually be
+    condemned. The fold applies every success of the window before its failures.
+    """
+
+    type: Literal["outcome_window_reported"] = "outcome_window_reported"
+    adapter: str = Field(min_length=1, max_length=256)
+    outcomes: tuple[ShardOutcomes, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_entry_per_shard(self) -> OutcomeWindowReported:
+        seen = [o.shard for o in self.outcomes]
+        if len(seen) != len(set(seen)):
+            raise ValueError(f"outcomes name a shard more than once: {seen}")
+        return self
+
+    def shards_named(self) -> tuple[int, ...]:
+        return tuple(o.shard for o in self.outcomes)
+
+
+# ── refits ─────────────────────────────────────────────────────────────────────
+
+
+class _RefitEvent(Event):
+    weight_version: WeightVersion
+    shards: tuple[ShardIndex, ...] = Field(description="The participating shards.")
+
+    @model_validator(mode="after")
+    def _shards_are_distinct(self) -> _RefitEvent:
+        if len(self.shards) != len(set(self.shards)):
+            raise ValueError(f"shards lists a shard more than once: {list(self.shards)}")
+        return self
+
+    def shards_named(self) -> tuple[int, ...]:
+        return self.shards
+
+
+class RefitStarted(_RefitEvent):
+    type: Literal["refit_started"] = "refit_started"
+
+
+class RefitCompleted(_RefitEvent):
+    """The only way a STALE shard re-enters the serving set."""
+
+    type: Literal["refit_completed"] = "refit_completed"
+
+
+class RefitAborted(Event):
+    type: Literal["refit_aborted"] = "refit_aborted"
+    weight_version: WeightVersion
+    reason: Reason
+    context_lost: bool = Field(
+        default=False,
+        description="The trainer's device context cannot be trusted: no rebuild can succeed.",
+    )
+
+
+class WeightsMarkedPartial(Event):
+    """A refit aborted: every shard that is not absent now holds partial weights."""
+
+    type: Literal["weights_marked_partial"] = "weights_marked_partial"
+    weight_version: WeightVersion
+
+
+# ── restarts ───────────────────────────────────────────────────────────────────
+
+
+class RestartRequested(Event):
+    type: Literal["restart_requested"] = "restart_requested"
+    shard: ShardIndex
+
+
+class RestartFailed(Event):
+    type: Literal["restart_failed"] = "restart_failed"
+    shard: ShardIndex
+    error: Reason
+
+
+class ReplacementLoaded(Event):
+    """A replacement engine is up. It holds start-up weights, so it is STALE, not HEALTHY."""
+
+    type: Literal["replacement_loaded"] = "replacement_loaded"
+    shard: ShardIndex
+    base_url: str | None = Field(default=None, min_length=1)
+
+
+# ── decisions ──────────────────────────────────────────────────────────────────
+
+
+class SilentParticipantCondemned(Event):
+    """A judgement after an aborted refit, not an actor death: the lone suspect is blamed."""
+
+    type: Literal["silent_participant_condemned"] = "silent_participant_condemned"
+    shard: ShardIndex
+    reason: Reason
+
+
+class ShardRetired(Event):
+    type: Literal["shard_retired"] = "shard_retired"
+    shard: ShardIndex
+    reason: Reason
+
+
+class StallDetected(Event):
+    type: Literal["stall_detected"] = "stall_detected"
+    committed_groups: int = Field(ge=0)
+    train_steps: int = Field(ge=0)
+    idle_s: float = Field(ge=0)
+    in_flight: int = Field(ge=0)
+    action: Literal["warn", "abort"]
+
+
+class FleetExhausted(Event):
+    type: Literal["fleet_exhausted"] = "fleet_exhausted"
+    serving: int = Field(ge=0)
+    min_healthy_shards: int = Field(ge=1)
+    counts: dict[str, int]
+
+
+AnyEvent = Annotated[
+    RunStarted
+    | RunEnded
+    | ProbeSucceeded
+    | ProbeFailed
+    | ActorDeathConfirmed
+    | OutcomeWindowReported
+    | RefitStarted
+    | RefitCompleted
+    | RefitAborted
+    | WeightsMarkedPartial
+    | RestartRequested
+    | RestartFailed
+    | ReplacementLoaded
+    | SilentParticipantCondemned
+    | ShardRetired
+    | StallDetected
+    | FleetExhausted,
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        RunStarted,
+        RunEnded,
+        ProbeSucceeded,
+        ProbeFailed,
+        ActorDeathConfirmed,
+        OutcomeWindowReported,
+        RefitStarted,
+        RefitCompleted,
+        RefitAborted,
+        WeightsMarkedPartial,
+        RestartRequested,
+        RestartFailed,
+        ReplacementLoaded,
+        SilentParticipantCondemned,
+        ShardRetired,
+        StallDetected,
+        FleetExhausted,
+    )
+}
+
+EVENT_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyEvent)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """An event as the log holds it: with its run, its place in the run and its time.
+
+    A plain slotted dataclass rather than a model: a replay builds a million of these,
+    and the event inside has already been validated.
+    """
+
+    run: str
+    seq: int
+    at_us: int  # microseconds since the Unix epoch, stamped by the recorder
+    event: Event
+
+    @property
+    def at(self) -> datetime:
+        return datetime_from_us(self.at_us)
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def datetime_from_us(at_us: int) -> datetime:
+    """Exact (no float rounding) conversion of a stored stamp to an aware UTC datetime."""
+    return EPOCH + timedelta(microseconds=at_us)
+
+
+def us_from_datetime(at: datetime) -> int:
+    if at.tzinfo is None:
+        raise ValueError(f"{at.isoformat()} has no time zone; give one (e.g. Z or +00:00)")
+    return (at - EPOCH) // timedelta(microseconds=1)

@@ -1,0 +1,57 @@
+"""The log's tables, as SQLAlchemy Core objects for queries.
+
+The schema itself moves only through the Alembic revisions in ``fleetledger/migrations``;
+these objects must describe the head revision, and a test compares the two.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# One row per run: the head of its sequence. Appenders lock this row (PostgreSQL) or
+# the whole database (SQLite, BEGIN IMMEDIATE) so that seqs are assigned one
+# transaction at a time: gap-free, and commit order equals seq order.
+runs = Table(
+    "fleetledger_runs",
+    metadata,
+    Column("run_id", String(128), primary_key=True),
+    Column("head_seq", BigInteger, nullable=False),
+    Column("head_at_us", BigInteger, nullable=False),
+    Column("ended_seq", BigInteger, nullable=True),
+)
+
+events = Table(
+    "fleetledger_events",
+    metadata,
+    Column("run_id", String(128), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("event_id", String(64), nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("schema_version", Integer, nullable=False),
+    Column("at_us", BigInteger, nullable=False),
+    Column("payload", Text, nullable=False),
+    PrimaryKeyConstraint("run_id", "seq", name="pk_fleetledger_events"),
+    UniqueConstraint("run_id", "event_id", name="uq_fleetledger_events_event_id"),
+)
+
+snapshots = Table(
+    "fleetledger_snapshots",
+    metadata,
+    Column("run_id", String(128), nullable=False),
+    Column("projection_version", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("payload", Text, nullable=False),
+    PrimaryKeyConstraint("run_id", "projection_version", "seq", name="pk_fleetledger_snapshots"),
+)

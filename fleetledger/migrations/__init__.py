@@ -1,0 +1,1 @@
+"""Alembic environment and revisions: the only place the log's schema changes."""

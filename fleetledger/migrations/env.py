@@ -1,0 +1,32 @@
+"""Alembic environment for the fleetledger log.
+
+fleetledger drives Alembic programmatically (``fleetledger migrate``, or the automatic
+upgrade of a SQLite ledger on open) and passes its own connection in
+``config.attributes["connection"]``; the URL path serves the ``alembic`` command line.
+"""
+
+from alembic import context
+from sqlalchemy import create_engine
+
+config = context.config
+
+
+def _run(connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=None,
+        render_as_batch=True,
+        version_table=config.get_main_option("version_table") or "fleetledger_alembic_version",
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = config.attributes.get("connection")
+if connection is not None:
+    _run(connection)
+else:
+    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as conn:
+        _run(conn)
+    engine.dispose()

@@ -1,0 +1,335 @@
+"""The fleet as the log says it is: a fold of a run's events.
+
+``FleetView`` turns each event into per-shard signals (see ``shard_states``), applies
+them, and keeps what the run-level events say (open refit, last abort, stalls,
+exhaustion, the end). The membership epoch advances once per event that changes the
+serving set — HEALTHY↔SUSPECT and DEAD→RESTARTING→STALE leave it alone — so consumers
+compare one integer.
+
+Within an adapter's outcome window every success is applied before any failure: a
+healthy shard with rare blips would otherwise be condemned eventually.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetledger.events.models import (
+    ActorDeathConfirmed,
+    Event,
+    FleetConfig,
+    FleetExhausted,
+    OutcomeWindowReported,
+    ProbeFailed,
+    ProbeSucceeded,
+    RecordedEvent,
+    RefitAborted,
+    RefitCompleted,
+    RefitStarted,
+    ReplacementLoaded,
+    RestartFailed,
+    RestartRequested,
+    RunEnded,
+    RunStarted,
+    ShardRetired,
+    SilentParticipantCondemned,
+    StallDetected,
+    WeightsMarkedPartial,
+)
+from fleetledger.projections.rank_layout import RankLayout, rank_layout
+from fleetledger.projections.shard_states import (
+    Input,
+    ShardRecord,
+    ShardState,
+    Signal,
+    Thresholds,
+    Transition,
+    step,
+)
+
+
+class ProjectionError(ValueError):
+    """The events cannot be folded (out of order, wrong run, no run_started)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRefit:
+    seq: int
+    weight_version: int
+    shards: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RefitAbort:
+    seq: int
+    weight_version: int
+    reason: str
+    context_lost: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    seq: int
+    outcome: str
+    cause: str
+
+
+@dataclass(frozen=True, slots=True)
+class Exhaustion:
+    serving: int
+    min_healthy_shards: int
+    counts: dict[str, int]
+
+    def describe(self) -> str:
+        states = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
+        return (
+            f"only {self.serving} generation shard(s) serving, below min_healthy_shards="
+            f"{self.min_healthy_shards}; fleet: {states}"
+        )
+
+
+@dataclass
+class FleetView:
+    run: str
+    config: FleetConfig
+    shards: list[ShardRecord]
+    seq: int = 1
+    at_us: int = 0
+    epoch: int = 0
+    last_serving: frozenset[int] = frozenset()
+    open_refit: OpenRefit | None = None
+    last_refit_seq: int | None = None
+    weight_version: int = 0  # the trainer's version at the last completed refit
+    last_abort: RefitAbort | None = None
+    stalls: int = 0
+    last_stall_seq: int | None = None
+    exhausted_seq: int | None = None
+    ended: RunEnd | None = None
+    _thresholds: Thresholds = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self._thresholds = Thresholds(
+            c.unhealthy_threshold, c.healthy_threshold, c.max_restart_attempts_per_shard
+        )
+
+    @classmethod
+    def start(cls, first: RecordedEvent) -> FleetView:
+        started = first.event
+        if first.seq != 1 or not isinstance(started, RunStarted):
+            raise ProjectionError(
+                f"run {first.run!r} seq {first.seq}: a fold starts at seq 1 with run_started, "
+                f"got {first.event.type!r}"
+            )
+        config = started.config
+        shards = [ShardRecord(i, url) for i, url in enumerate(config.base_urls)]
+        return cls(
+            run=first.run,
+            config=config,
+            shards=shards,
+            seq=1,
+            at_us=first.at_us,
+            last_serving=frozenset(range(config.shard_count)),
+        )
+
+    # ── read side ───────────────────────────────────────────────────────────
+
+    @property
+    def serving(self) -> tuple[int, ...]:
+        return tuple(r.index for r in self.shards if r.serving)
+
+    @property
+    def absent(self) -> tuple[int, ...]:
+        return tuple(r.index for r in self.shards if r.absent)
+
+    @property
+    def suspected(self) -> tuple[int, ...]:
+        return tuple(r.index for r in self.shards if r.suspected)
+
+    def state_of(self, shard: int) -> ShardState:
+        return self.shards[shard].state
+
+    def counts(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in ShardState}
+        for r in self.shards:
+            counts[r.state.value] += 1
+        return counts
+
+    def exhaustion(self) -> Exhaustion | None:
+        """Fewer than ``min_healthy_shards`` serving: the run should stop with this cause."""
+        serving = len(self.serving)
+        if serving >= self.config.min_healthy_shards:
+            return None
+        return Exhaustion(serving, self.config.min_healthy_shards, self.counts())
+
+    def layout(self) -> RankLayout:
+        """The refit communicator's layout for the current absent set."""
+        absent = set(self.absent)
+        return rank_layout(
+            survivors=[i for i in range(self.config.shard_count) if i not in absent],
+            dp_size=self.config.shard_count,
+            total_workers=self.config.total_workers,
+            train_world_size=self.config.train_world_size,
+        )
+
+    # ── write side ──────────────────────────────────────────────────────────
+
+    def apply(self, recorded: RecordedEvent) -> list[Transition]:
+        """Fold one event; returns the state changes it caused, in order."""
+        if recorded.run != self.run:
+            raise ProjectionError(
+                f"seq {recorded.seq} belongs to run {recorded.run!r}, not {self.run!r}"
+            )
+        if recorded.seq != self.seq + 1:
+            raise ProjectionError(
+                f"run {self.run!r}: expected seq {self.seq + 1}, got {recorded.seq} "
+                "(events must be folded in order, without gaps)"
+            )
+        handler = _HANDLERS.get(type(recorded.event))
+        if handler is None:
+            raise ProjectionError(
+                f"run {self.run!r} seq {recorded.seq}: no fold rule for {recorded.event.type!r}"
+            )
+        self.seq = recorded.seq
+        self.at_us = recorded.at_us
+        transitions = handler(self, recorded.event, recorded.seq, recorded.at_us)
+        if transitions:
+            serving = frozenset(self.serving)
+            if serving != self.last_serving:
+                self.last_serving = serving
+                self.epoch += 1
+        return transitions
+
+    def _signal(self, shard: int, signal: Signal) -> list[Transition]:
+        t = step(self.shards[shard], signal, self._thresholds)
+        return [] if t is None else [t]
+
+    def _on_run_started(self, e: Event, seq: int, at: int) -> list[Transition]:
+        raise ProjectionError(f"run {self.run!r} seq {seq}: the run has already started")
+
+    def _on_probe_ok(self, e: ProbeSucceeded, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.PROBE_OK, seq, at))
+
+    def _on_probe_failed(self, e: ProbeFailed, seq: int, at: int) -> list[Transition]:
+        text = f"{e.kind}: {e.error}" if e.error else e.kind
+        return self._signal(e.shard, Signal(Input.PROBE_FAILED, seq, at, text=text))
+
+    def _on_actor_death(self, e: ActorDeathConfirmed, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.ACTOR_DIED, seq, at, text=e.error))
+
+    def _on_outcomes(self, e: OutcomeWindowReported, seq: int, at: int) -> list[Transition]:
+        out: list[Transition] = []
+        # Successes first, for every shard of the window, then failures.
+        for o in e.outcomes:
+            if o.successes:
+                out += self._signal(o.shard, Signal(Input.REPORTED_SUCCESS, seq, at))
+        for o in e.outcomes:
+            infra = [f for f in o.failures if f.category == "infra"]
+            if infra:
+                text = "; ".join(f"{f.reason} ×{f.count}" for f in infra)
+                count = sum(f.count for f in infra)
+                out += self._signal(
+                    o.shard, Signal(Input.REPORTED_FAILURE, seq, at, count=count, text=text)
+                )
+        return out
+
+    def _on_refit_started(self, e: RefitStarted, seq: int, at: int) -> list[Transition]:
+        self.open_refit = OpenRefit(seq, e.weight_version, e.shards)
+        return []
+
+    def _on_refit_completed(self, e: RefitCompleted, seq: int, at: int) -> list[Transition]:
+        self.open_refit = None
+        self.last_refit_seq = seq
+        self.weight_version = max(self.weight_version, e.weight_version)
+        out: list[Transition] = []
+        for shard in e.shards:
+            out += self._signal(
+                shard, Signal(Input.REFIT_COMPLETED, seq, at, weight_version=e.weight_version)
+            )
+        return out
+
+    def _on_refit_aborted(self, e: RefitAborted, seq: int, at: int) -> list[Transition]:
+        self.open_refit = None
+        self.last_abort = RefitAbort(seq, e.weight_version, e.reason, e.context_lost)
+        return []
+
+    def _on_partial(self, e: WeightsMarkedPartial, seq: int, at: int) -> list[Transition]:
+        out: list[Transition] = []
+        for r in self.shards:
+            out += self._signal(
+                r.index,
+                Signal(Input.WEIGHTS_PARTIAL, seq, at, weight_version=e.weight_version),
+            )
+        return out
+
+    def _on_restart_requested(self, e: RestartRequested, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.RESTART_REQUESTED, seq, at))
+
+    def _on_restart_failed(self, e: RestartFailed, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.RESTART_FAILED, seq, at, text=e.error))
+
+    def _on_loaded(self, e: ReplacementLoaded, seq: int, at: int) -> list[Transition]:
+        return self._signal(
+            e.shard, Signal(Input.REPLACEMENT_LOADED, seq, at, text=e.base_url or "")
+        )
+
+    def _on_condemned(self, e: SilentParticipantCondemned, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.CONDEMNED, seq, at, text=e.reason))
+
+    def _on_retired(self, e: ShardRetired, seq: int, at: int) -> list[Transition]:
+        return self._signal(e.shard, Signal(Input.RETIRE, seq, at, text=e.reason))
+
+    def _on_stall(self, e: StallDetected, seq: int, at: int) -> list[Transition]:
+        self.stalls += 1
+        self.last_stall_seq = seq
+        return []
+
+    def _on_exhausted(self, e: FleetExhausted, seq: int, at: int) -> list[Transition]:
+        self.exhausted_seq = seq
+        return []
+
+    def _on_run_ended(self, e: RunEnded, seq: int, at: int) -> list[Transition]:
+        self.ended = RunEnd(seq, e.outcome, e.cause)
+        return []
+
+
+_HANDLERS: dict[type[Event], Callable[[FleetView, Event, int, int], list[Transition]]] = {
+    RunStarted: FleetView._on_run_started,
+    ProbeSucceeded: FleetView._on_probe_ok,
+    ProbeFailed: FleetView._on_probe_failed,
+    ActorDeathConfirmed: FleetView._on_actor_death,
+    OutcomeWindowReported: FleetView._on_outcomes,
+    RefitStarted: FleetView._on_refit_started,
+    RefitCompleted: FleetView._on_refit_completed,
+    RefitAborted: FleetView._on_refit_aborted,
+    WeightsMarkedPartial: FleetView._on_partial,
+    RestartRequested: FleetView._on_restart_requested,
+    RestartFailed: FleetView._on_restart_failed,
+    ReplacementLoaded: FleetView._on_loaded,
+    SilentParticipantCondemned: FleetView._on_condemned,
+    ShardRetired: FleetView._on_retired,
+    StallDetected: FleetView._on_stall,
+    FleetExhausted: FleetView._on_exhausted,
+    RunEnded: FleetView._on_run_ended,
+}  # type: ignore[dict-item]
+
+
+def fold_with_transitions(
+    events: Iterable[RecordedEvent], into: FleetView | None = None
+) -> tuple[FleetView, list[Transition]]:
+    """Fold ``events`` (from seq 1, or onto ``into``); also returns every state change."""
+    view = into
+    transitions: list[Transition] = []
+    for recorded in events:
+        if view is None:
+            view = FleetView.start(recorded)
+        else:
+            transitions += view.apply(recorded)
+    if view is None:
+        raise ProjectionError("nothing to fold: a run needs at least its run_started event")
+    return view, transitions
+
+
+def fold(events: Iterable[RecordedEvent], into: FleetView | None = None) -> FleetView:
+    return fold_with_transitions(events, into)[0]

@@ -1,0 +1,59 @@
+"""The membership document: what ``fleetledger membership --json`` prints.
+
+Stable keys, documented in ``docs/events.md``; consumers (routers, transports, people)
+compare ``epoch`` first and read the rest only when it moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetledger.events.models import datetime_from_us
+from fleetledger.projections.fleet_view import FleetView
+from fleetledger.projections.rank_layout import RankLayoutError
+
+
+def membership_document(view: FleetView) -> dict[str, Any]:
+    try:
+        layout: dict[str, Any] | None = view.layout().as_dict()
+        layout_error = None
+    except RankLayoutError as exc:
+        layout, layout_error = None, str(exc)
+    exhaustion = view.exhaustion()
+    return {
+        "run": view.run,
+        "seq": view.seq,
+        "at": datetime_from_us(view.at_us).isoformat(timespec="microseconds"),
+        "epoch": view.epoch,
+        "serving": list(view.serving),
+        "absent": list(view.absent),
+        "suspected": list(view.suspected),
+        "weight_version": view.weight_version,
+        "counts": view.counts(),
+        "shards": {
+            str(r.index): {
+                "state": r.state.value,
+                "weight_version": r.weight_version,
+                "restart_attempts": r.restart_attempts,
+                "probe_failures": r.probe_failures,
+                "reported_failures": r.reported_failures,
+                "base_url": r.base_url,
+                "since_seq": r.since_seq,
+                "since_rule": r.since_rule,
+            }
+            for r in view.shards
+        },
+        "layout": layout,
+        "layout_error": layout_error,
+        "open_refit": None
+        if view.open_refit is None
+        else {
+            "seq": view.open_refit.seq,
+            "weight_version": view.open_refit.weight_version,
+            "shards": list(view.open_refit.shards),
+        },
+        "exhausted": None if exhaustion is None else exhaustion.describe(),
+        "ended": None
+        if view.ended is None
+        else {"seq": view.ended.seq, "outcome": view.ended.outcome, "cause": view.ended.cause},
+    }

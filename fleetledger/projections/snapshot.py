@@ -1,0 +1,116 @@
+"""Versioned serialisation of a ``FleetView``: snapshot at seq N + the tail = the full fold.
+
+``PROJECTION_VERSION`` changes whenever the fold's rules or the view's fields change.
+A snapshot written by another version is ignored, not trusted: it encodes what other
+rules made of the same events, and folding on from it would silently mix the two.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fleetledger.events.models import FleetConfig
+from fleetledger.projections.fleet_view import (
+    FleetView,
+    OpenRefit,
+    ProjectionError,
+    RefitAbort,
+    RunEnd,
+)
+from fleetledger.projections.shard_states import ShardRecord, ShardState
+
+PROJECTION_VERSION = 1
+
+_SHARD_FIELDS = tuple(ShardRecord.__slots__)  # type: ignore[attr-defined]
+
+
+def _shard_to_json(r: ShardRecord) -> dict[str, Any]:
+    out = {name: getattr(r, name) for name in _SHARD_FIELDS}
+    out["state"] = r.state.value
+    out["state_before_partial"] = r.state_before_partial and r.state_before_partial.value
+    out["probe_evidence"] = list(r.probe_evidence)
+    out["reported_evidence"] = list(r.reported_evidence)
+    return out
+
+
+def _shard_from_json(d: dict[str, Any]) -> ShardRecord:
+    r = ShardRecord(**{name: d[name] for name in _SHARD_FIELDS})
+    r.state = ShardState(d["state"])
+    before = d["state_before_partial"]
+    r.state_before_partial = ShardState(before) if before else None
+    r.probe_evidence = tuple(d["probe_evidence"])
+    r.reported_evidence = tuple(d["reported_evidence"])
+    return r
+
+
+def _maybe(cls: type, d: dict[str, Any] | None) -> Any:
+    if d is None:
+        return None
+    if "shards" in d:
+        d = {**d, "shards": tuple(d["shards"])}
+    return cls(**d)
+
+
+def _as_dict(obj: Any) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    return {name: getattr(obj, name) for name in obj.__slots__}
+
+
+def to_snapshot(view: FleetView) -> str:
+    """The view as JSON, tagged with the projection version."""
+    return json.dumps(
+        {
+            "projection_version": PROJECTION_VERSION,
+            "run": view.run,
+            "config": view.config.model_dump(mode="json"),
+            "shards": [_shard_to_json(r) for r in view.shards],
+            "seq": view.seq,
+            "at_us": view.at_us,
+            "epoch": view.epoch,
+            "last_serving": sorted(view.last_serving),
+            "open_refit": _as_dict(view.open_refit),
+            "last_refit_seq": view.last_refit_seq,
+            "weight_version": view.weight_version,
+            "last_abort": _as_dict(view.last_abort),
+            "stalls": view.stalls,
+            "last_stall_seq": view.last_stall_seq,
+            "exhausted_seq": view.exhausted_seq,
+            "ended": _as_dict(view.ended),
+        },
+        separators=(",", ":"),
+    )
+
+
+def from_snapshot(payload: str) -> FleetView:
+    """Rebuild a view; raises ``ProjectionError`` for another version or a damaged payload."""
+    try:
+        d = json.loads(payload)
+        version = d.get("projection_version")
+        if version != PROJECTION_VERSION:
+            raise ProjectionError(
+                f"snapshot has projection version {version}, this code folds version "
+                f"{PROJECTION_VERSION}"
+            )
+        return FleetView(
+            run=d["run"],
+            config=FleetConfig.model_validate(d["config"]),
+            shards=[_shard_from_json(s) for s in d["shards"]],
+            seq=d["seq"],
+            at_us=d["at_us"],
+            epoch=d["epoch"],
+            last_serving=frozenset(d["last_serving"]),
+            open_refit=_maybe(OpenRefit, d["open_refit"]),
+            last_refit_seq=d["last_refit_seq"],
+            weight_version=d["weight_version"],
+            last_abort=_maybe(RefitAbort, d["last_abort"]),
+            stalls=d["stalls"],
+            last_stall_seq=d["last_stall_seq"],
+            exhausted_seq=d["exhausted_seq"],
+            ended=_maybe(RunEnd, d["ended"]),
+        )
+    except ProjectionError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProjectionError(f"snapshot is damaged: {exc}") from None
