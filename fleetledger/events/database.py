@@ -127,7 +127,6 @@ def _prepare_sqlite_file(url: URL) -> None:
 
 def _sqlite_engine(url: URL) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-    read_only = _sqlite_read_only(url)
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection: Any, _record: Any) -> None:
@@ -135,8 +134,8 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            if not read_only:
-                cursor.execute("PRAGMA journal_mode=WAL")
+            # No PRAGMA journal_mode=WAL here: it rewrites the file's header, and a file is
+            # put in WAL mode only once it is known to be a ledger (_use_wal).
             # FULL: a commit that returned is on disk, not only in the WAL's page cache.
             cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
@@ -153,6 +152,33 @@ def _sqlite_engine(url: URL) -> Engine:
             conn.exec_driver_sql("BEGIN")
 
     return engine
+
+
+def _use_wal(engine: Engine) -> None:
+    """Put a SQLite ledger in WAL mode: the mode is stored in the file, so this writes.
+
+    Called only once the file is known to be a ledger (or about to become one).
+    """
+    raw = engine.raw_connection()
+    try:
+        # Our connections have isolation_level None: this runs outside a transaction,
+        # the only place SQLite lets the journal mode change.
+        cursor = raw.driver_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        finally:
+            cursor.close()
+    finally:
+        raw.close()
+
+
+def _refuse_foreign(state: SchemaState, where: str) -> None:
+    if state.revision is None and state.foreign_tables:
+        raise LedgerOpenError(
+            f"{where} is not a fleetledger ledger: it holds the tables "
+            f"{', '.join(state.foreign_tables)} and no fleetledger schema; refusing to "
+            "write into it. Point --db at a new file."
+        )
 
 
 def _postgres_engine(url: URL) -> Engine:
@@ -250,18 +276,14 @@ def open_database(url: str | None = None) -> Database:
                     f"this fleetledger needs {head!r}: run `fleetledger migrate --db {where}` "
                     "(shared databases are migrated on purpose, never on open)"
                 )
-            if state.revision is None and state.foreign_tables:
-                raise LedgerOpenError(
-                    f"{where} is not a fleetledger ledger: it holds the tables "
-                    f"{', '.join(state.foreign_tables)} and no fleetledger schema; refusing to "
-                    "write into it. Point --db at a new file."
-                )
+            _refuse_foreign(state, where)
             if _sqlite_read_only(parsed):
                 raise LedgerOpenError(
                     f"{where} is opened read-only but its schema is at revision "
                     f"{state.revision or 'none'}, older than {head!r}; open it writable once "
                     "to upgrade it"
                 )
+            _use_wal(engine)  # before the first schema write
             # Re-check under the write lock: another process may be creating it right now.
             with engine.connect().execution_options(fleetledger_write=True) as conn:
                 with conn.begin():
@@ -278,6 +300,8 @@ def open_database(url: str | None = None) -> Database:
                     from_revision=upgraded_from,
                     to_revision=head,
                 )
+        elif backend == "sqlite" and not _sqlite_read_only(parsed):
+            _use_wal(engine)  # a no-op on a ledger already in WAL mode
     except DBAPIError as exc:
         engine.dispose()
         raise _connect_error(parsed, exc) from None
@@ -296,11 +320,21 @@ def migrate(url: str | None = None) -> tuple[str | None, str]:
     else:
         engine = _postgres_engine(parsed)
     where = parsed.render_as_string(hide_password=True)
+    sqlite = parsed.get_backend_name() == "sqlite"
     try:
+        if sqlite:  # refuse before the first write, which _use_wal is
+            with engine.connect() as conn:
+                state = _schema_state(conn)
+                conn.rollback()
+            _check_known(state.revision, where)
+            _refuse_foreign(state, where)
+            _use_wal(engine)
         with engine.connect().execution_options(fleetledger_write=True) as conn:
             with conn.begin():
                 state = _schema_state(conn)
                 _check_known(state.revision, where)
+                if sqlite:
+                    _refuse_foreign(state, where)
                 if state.revision != head_revision():
                     _upgrade(conn)
         return state.revision, head_revision()
