@@ -12,6 +12,7 @@ Every PostgreSQL test gets its own database ``fl_<hex>``, dropped afterwards.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import secrets
 import shutil
@@ -22,12 +23,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from fleetledger.events.database import migrate
 from fleetledger.events.log import EventLog
 
 # Ray writes an auth token under ~/.ray unless told not to; set before any test imports it.
 os.environ["RAY_AUTH_MODE"] = "disabled"
+
+# Transitions are logged at info; thousands of hypothesis examples would bury a failure's
+# output in them. Warnings and errors still show.
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 PG_HOST = "127.0.0.1"
 PG_PORT = 5432

@@ -191,15 +191,31 @@ class FleetView:
             raise ProjectionError(
                 f"run {self.run!r} seq {recorded.seq}: no fold rule for {recorded.event.type!r}"
             )
+        self._check_shards(recorded)
+        # A handler may still refuse the event (a second run_started): the view's
+        # position moves only once the event has been folded.
+        transitions = handler(self, recorded.event, recorded.seq, recorded.at_us)
         self.seq = recorded.seq
         self.at_us = recorded.at_us
-        transitions = handler(self, recorded.event, recorded.seq, recorded.at_us)
         if transitions:
             serving = frozenset(self.serving)
             if serving != self.last_serving:
                 self.last_serving = serving
                 self.epoch += 1
         return transitions
+
+    def _check_shards(self, recorded: RecordedEvent) -> None:
+        """Refuse, before anything changes, an event naming a shard this fleet lacks.
+
+        The log never stores one; a hand-built or imported sequence might.
+        """
+        count = len(self.shards)
+        for shard in recorded.event.shards_named():
+            if not 0 <= shard < count:
+                raise ProjectionError(
+                    f"run {self.run!r} seq {recorded.seq}: {recorded.event.type} names shard "
+                    f"{shard}, but the fleet has shards 0..{count - 1}"
+                )
 
     def _signal(self, shard: int, signal: Signal) -> list[Transition]:
         t = step(self.shards[shard], signal, self._thresholds)

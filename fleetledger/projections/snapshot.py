@@ -87,6 +87,10 @@ def from_snapshot(payload: str) -> FleetView:
     """Rebuild a view; raises ``ProjectionError`` for another version or a damaged payload."""
     try:
         d = json.loads(payload)
+        if not isinstance(d, dict):
+            raise ProjectionError(
+                f"snapshot is damaged: expected a JSON object, got {type(d).__name__}"
+            )
         version = d.get("projection_version")
         if version != PROJECTION_VERSION:
             raise ProjectionError(
