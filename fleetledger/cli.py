@@ -241,9 +241,8 @@ def import_(
         else:
             with file.open(encoding="utf-8") as fh:
                 parsed = parse_export(fh, log.codec, run)
-        load_check = parsed.run  # the fold below must accept what the log will hold
         log.import_run(parsed.run, parsed.rows)
-        view = load_view(log, load_check)
+        view = load_view(log, parsed.run)
     if as_json:
         _print_json({"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch})
     else:
