@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 import structlog
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from fleetledger.controller.demo import new_demo_run_id, run_demo
 from fleetledger.controller.ledger import load_view
@@ -137,7 +137,9 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     if not summaries:
         out.print("no runs in this ledger")
         return
-    table = Table("run", "events", "started", "last event", "ended")
+    # The run id is what every other command takes: never let the table cut it short.
+    run_column = Column("run", no_wrap=True, min_width=max(len(s.run_id) for s in summaries))
+    table = Table(run_column, "events", "started", "last event", "ended")
     for s in summaries:
         table.add_row(
             s.run_id,
@@ -237,9 +239,9 @@ def import_(
     """Import an exported run. Every line is checked before any is written."""
     with _open_log(db) as log:
         if str(file) == "-":
-            parsed = parse_export(sys.stdin, log.codec, run)
+            parsed = parse_export(sys.stdin.buffer, log.codec, run)
         else:
-            with file.open(encoding="utf-8") as fh:
+            with file.open("rb") as fh:
                 parsed = parse_export(fh, log.codec, run)
         log.import_run(parsed.run, parsed.rows)
         view = load_view(log, parsed.run)
@@ -312,8 +314,13 @@ def migrate(db: DbOption = None, as_json: JsonOption = False) -> None:
         out.print(f"ledger schema upgraded from {before or 'empty'} to revision {after}")
 
 
-def main() -> None:
+@app.callback()
+def _setup() -> None:
+    """Configure logging for every command (also when ``app`` is invoked directly)."""
     _configure_logging()
+
+
+def main() -> None:
     app()
 
 

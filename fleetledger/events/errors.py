@@ -23,6 +23,10 @@ class LedgerWriteError(LedgerError):
     """The database refused a write (read-only file, disk full, lost connection)."""
 
 
+class LedgerReadError(LedgerError):
+    """The database failed a read: a corrupted or truncated file, a lost connection."""
+
+
 class EventDecodeError(LedgerError):
     """A stored or imported event cannot be read: unknown type, future version, bad payload."""
 

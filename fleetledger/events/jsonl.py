@@ -39,18 +39,18 @@ def format_at(at_us: int) -> str:
 def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
     """The run's stored rows as export lines (no trailing newline)."""
     for page in pages:
-        for row in page:
-            payload = json.loads(row.payload)
+        for seq, at_us, type_, version, stored in page:
+            payload = json.loads(stored)
             event_id = payload.pop("id")
             payload.pop("type", None)
             yield json.dumps(
                 {
                     "run": run,
-                    "seq": row.seq,
+                    "seq": seq,
                     "id": event_id,
-                    "at": format_at(row.at_us),
-                    "type": row.type,
-                    "schema_version": row.schema_version,
+                    "at": format_at(at_us),
+                    "type": type_,
+                    "schema_version": version,
                     "data": payload,
                 },
                 separators=(",", ":"),
@@ -92,7 +92,7 @@ def _parse_line(number: int, text: str) -> dict[str, Any]:
 
 
 def parse_export(
-    lines: Iterable[str], codec: EventCodec, rename_to: str | None = None
+    lines: Iterable[str | bytes], codec: EventCodec, rename_to: str | None = None
 ) -> ParsedRun:
     """Validate a whole export; returns the rows to write. Raises on the first bad line."""
     rows: list[ImportRow] = []
@@ -102,6 +102,13 @@ def parse_export(
     last_at = 0
     ended_at_line: int | None = None
     for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ImportFileError(
+                    number, f"not UTF-8 text: {exc.reason} at byte {exc.start + 1} of the line"
+                ) from None
         text = raw.strip()
         if not text:
             raise ImportFileError(number, "empty line (an export has one event per line)")

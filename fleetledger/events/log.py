@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from fleetledger.events.codec import EventCodec, StoredRow
 from fleetledger.events.database import Database, open_database
@@ -36,6 +37,7 @@ from fleetledger.events.errors import (
     AppendRejected,
     EventDecodeError,
     LedgerError,
+    LedgerReadError,
     LedgerWriteError,
     UnknownRun,
 )
@@ -93,6 +95,82 @@ def check_run_id(run: str) -> None:
         )
 
 
+class _DriverStatement:
+    """A Core statement compiled once for the engine's dialect, run on the driver cursor.
+
+    Appending and replaying are the log's hot paths, and per execution Core spends more
+    time building parameters and ``Row`` objects than SQLite spends on the statement
+    (a replay read 3.1 µs/row through Core, 1.0 µs/row this way). The SQL is still
+    Core's: compiled from the table objects, in the dialect's own parameter style.
+    """
+
+    def __init__(self, statement: Any, dialect: Any) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql = str(compiled)
+        self._order: tuple[str, ...] | None = (
+            tuple(compiled.positiontup) if compiled.positional else None
+        )
+
+    def params(self, **values: Any) -> tuple[Any, ...] | dict[str, Any]:
+        return values if self._order is None else tuple(values[k] for k in self._order)
+
+    def rows(self, values: Sequence[dict[str, Any]]) -> list[Any]:
+        if self._order is None:
+            return list(values)
+        order = self._order
+        return [tuple(v[k] for k in order) for v in values]
+
+
+class _Statements:
+    """The hot-path statements of one database, compiled once."""
+
+    def __init__(self, dialect: Any) -> None:
+        self.lock_head = _DriverStatement(
+            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq)
+            .where(runs.c.run_id == bindparam("run"))
+            .with_for_update(),
+            dialect,
+        )
+        self.insert_events = _DriverStatement(
+            insert(events).values(
+                run_id=bindparam("run_id"),
+                seq=bindparam("seq"),
+                event_id=bindparam("event_id"),
+                type=bindparam("type"),
+                schema_version=bindparam("schema_version"),
+                at_us=bindparam("at_us"),
+                payload=bindparam("payload"),
+            ),
+            dialect,
+        )
+        self.update_head = _DriverStatement(
+            update(runs)
+            .where(runs.c.run_id == bindparam("run"))
+            .values(
+                head_seq=bindparam("head_seq"),
+                head_at_us=bindparam("head_at_us"),
+                ended_seq=bindparam("ended_seq"),
+            ),
+            dialect,
+        )
+        self.page = _DriverStatement(
+            select(
+                events.c.seq,
+                events.c.at_us,
+                events.c.type,
+                events.c.schema_version,
+                events.c.payload,
+            )
+            .where(
+                events.c.run_id == bindparam("run"),
+                events.c.seq > bindparam("lo"),
+                events.c.seq <= bindparam("hi"),
+            )
+            .order_by(events.c.seq),
+            dialect,
+        )
+
+
 class _Retry(Exception):
     """The fast path met an already-stored id or a racing run start: redo with lookups."""
 
@@ -111,6 +189,7 @@ class EventLog:
         self.codec = codec or EventCodec()
         self._clock_us = clock_us
         self._configs: dict[str, FleetConfig] = {}
+        self._sql = _Statements(database.engine.dialect)
 
     @classmethod
     def open(cls, url: str | None = None, **kwargs: Any) -> EventLog:
@@ -171,23 +250,25 @@ class EventLog:
         return out
 
     def _transact(self, body: Callable[[Connection], list[int]]) -> list[int]:
+        dbapi = self.database.engine.dialect.loaded_dbapi
         try:
             with self.database.write_connection() as conn:
                 with conn.begin():
                     return body(conn)
-        except IntegrityError:
+        except (IntegrityError, dbapi.IntegrityError):
+            # Raised through Core or straight from the driver cursor of the hot path.
             raise _Retry() from None
-        except OperationalError as exc:
-            raise self._write_error(exc) from None
         except DBAPIError as exc:
-            raise self._write_error(exc) from None
+            raise self._write_error(exc.orig or exc, exc.connection_invalidated) from None
+        except dbapi.Error as exc:
+            raise self._write_error(exc, False) from None
 
-    def _write_error(self, exc: DBAPIError) -> LedgerWriteError:
-        detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    def _write_error(self, exc: BaseException, invalidated: bool) -> LedgerWriteError:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         hint = ""
         if "readonly" in detail or "read-only" in detail:
             hint = " (the ledger is read-only)"
-        elif exc.connection_invalidated or "closed" in detail.lower():
+        elif invalidated or "closed" in detail.lower() or "terminat" in detail.lower():
             hint = (
                 " (the connection was lost; the append may or may not have committed — "
                 "retry with the same events, their ids make the retry safe)"
@@ -195,12 +276,13 @@ class EventLog:
         return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
 
     def _lock_head(self, conn: Connection, run: str) -> _Head | None:
-        row = conn.execute(
-            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq)
-            .where(runs.c.run_id == run)
-            .with_for_update()
-        ).first()
-        return None if row is None else _Head(row.head_seq, row.head_at_us, row.ended_seq)
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            cursor.execute(self._sql.lock_head.sql, self._sql.lock_head.params(run=run))
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if row is None else _Head(*row)
 
     def _append_in(
         self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
@@ -230,33 +312,36 @@ class EventLog:
         now = max(self._clock_us(), head.at_us if head else 0)
         first = (head.seq if head else 0) + 1
         assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
-        conn.execute(
-            insert(events),
-            [
-                {
-                    "run_id": run,
-                    "seq": assigned[e.event.id],
-                    "event_id": e.event.id,
-                    "type": e.type,
-                    "schema_version": e.version,
-                    "at_us": now,
-                    "payload": e.payload,
-                }
-                for e in fresh
-            ],
-        )
+        rows = [
+            {
+                "run_id": run,
+                "seq": assigned[e.event.id],
+                "event_id": e.event.id,
+                "type": e.type,
+                "schema_version": e.version,
+                "at_us": now,
+                "payload": e.payload,
+            }
+            for e in fresh
+        ]
         last = first + len(fresh) - 1
         ended = last if isinstance(fresh[-1].event, RunEnded) else None
-        if head is None:
-            conn.execute(
-                insert(runs).values(run_id=run, head_seq=last, head_at_us=now, ended_seq=ended)
-            )
-        else:
-            conn.execute(
-                update(runs)
-                .where(runs.c.run_id == run)
-                .values(head_seq=last, head_at_us=now, ended_seq=ended)
-            )
+        cursor = conn.connection.driver_connection.cursor()
+        try:
+            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_events.rows(rows))
+            if head is None:
+                conn.execute(
+                    insert(runs).values(run_id=run, head_seq=last, head_at_us=now, ended_seq=ended)
+                )
+            else:
+                cursor.execute(
+                    self._sql.update_head.sql,
+                    self._sql.update_head.params(
+                        run=run, head_seq=last, head_at_us=now, ended_seq=ended
+                    ),
+                )
+        finally:
+            cursor.close()
         return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded]
 
     def _validate(
@@ -315,13 +400,28 @@ class EventLog:
 
     # ── read ─────────────────────────────────────────────────────────────────
 
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """A read connection whose database errors name the ledger, not SQL."""
+        dbapi = self.database.engine.dialect.loaded_dbapi
+        try:
+            with self.database.engine.connect() as conn:
+                yield conn
+        except (DBAPIError, dbapi.Error) as exc:
+            cause = getattr(exc, "orig", None) or exc
+            detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise LedgerReadError(
+                f"{self.database.display_url}: read failed (is the ledger corrupted or "
+                f"truncated?): {detail}"
+            ) from None
+
     def config(self, run: str) -> FleetConfig:
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             self._require_run(conn, run)
             return self._config_in(conn, run)
 
     def head(self, run: str) -> int:
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             return self._require_run(conn, run).seq
 
     def _require_run(self, conn: Connection, run: str) -> _Head:
@@ -337,34 +437,34 @@ class EventLog:
     def read_stored(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
     ) -> Iterator[list[StoredRow]]:
-        """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded."""
-        with self.database.engine.connect() as conn:
+        """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
+
+        Rows are plain ``(seq, at_us, type, schema_version, payload)`` tuples, the shape
+        of ``StoredRow``; seqs are immutable once committed, so pages read in separate
+        statements still form one consistent prefix of the run.
+        """
+        with self._reading() as conn:
             head = self._require_run(conn, run)
             conn.rollback()
         last = head.seq if to_seq is None else min(to_seq, head.seq)
         lo = after_seq
-        while lo < last:
-            hi = min(lo + READ_PAGE, last)
-            with self.database.engine.connect() as conn:
-                rows = conn.execute(
-                    select(
-                        events.c.seq,
-                        events.c.at_us,
-                        events.c.type,
-                        events.c.schema_version,
-                        events.c.payload,
-                    )
-                    .where(events.c.run_id == run, events.c.seq > lo, events.c.seq <= hi)
-                    .order_by(events.c.seq)
-                ).all()
-            page = [StoredRow(*r) for r in rows]
-            if len(page) != hi - lo:
-                raise LedgerError(
-                    f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} rows; "
-                    "the ledger is damaged"
-                )
-            yield page
-            lo = hi
+        page_sql = self._sql.page
+        with self._reading() as conn:
+            cursor = conn.connection.driver_connection.cursor()
+            try:
+                while lo < last:
+                    hi = min(lo + READ_PAGE, last)
+                    cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
+                    page = cursor.fetchall()
+                    if len(page) != hi - lo:
+                        raise LedgerError(
+                            f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} "
+                            "rows; the ledger is damaged"
+                        )
+                    yield page
+                    lo = hi
+            finally:
+                cursor.close()
 
     def read(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
@@ -380,7 +480,7 @@ class EventLog:
             yield self.codec.decode_rows(run, page)
 
     def event_ids(self, run: str) -> dict[int, str]:
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             self._require_run(conn, run)
             rows = conn.execute(
                 select(events.c.seq, events.c.event_id).where(events.c.run_id == run)
@@ -400,13 +500,13 @@ class EventLog:
             .join(first_at, first_at.c.run_id == runs.c.run_id)
             .order_by(first_at.c.at_us, runs.c.run_id)
         )
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             return [
                 RunSummary(r[0], r[1], r[2], r[3], r[4] is not None) for r in conn.execute(query)
             ]
 
     def count_events(self) -> int:
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             return int(conn.execute(select(func.count()).select_from(events)).scalar_one())
 
     # ── import ───────────────────────────────────────────────────────────────
@@ -493,6 +593,6 @@ class EventLog:
         )
         if at_most_seq is not None:
             query = query.where(snapshots.c.seq <= at_most_seq)
-        with self.database.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(query.order_by(snapshots.c.seq.desc()).limit(1)).first()
         return None if row is None else (row.seq, row.payload)

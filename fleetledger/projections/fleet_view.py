@@ -45,6 +45,7 @@ from fleetledger.projections.shard_states import (
     Signal,
     Thresholds,
     Transition,
+    healthy_probe_ok,
     step,
 )
 
@@ -191,7 +192,6 @@ class FleetView:
             raise ProjectionError(
                 f"run {self.run!r} seq {recorded.seq}: no fold rule for {recorded.event.type!r}"
             )
-        self._check_shards(recorded)
         # A handler may still refuse the event (a second run_started): the view's
         # position moves only once the event has been folded.
         transitions = handler(self, recorded.event, recorded.seq, recorded.at_us)
@@ -204,20 +204,25 @@ class FleetView:
                 self.epoch += 1
         return transitions
 
-    def _check_shards(self, recorded: RecordedEvent) -> None:
+    def _check_shards(self, seq: int, event: Event, shards: Iterable[int]) -> None:
         """Refuse, before anything changes, an event naming a shard this fleet lacks.
 
         The log never stores one; a hand-built or imported sequence might.
         """
         count = len(self.shards)
-        for shard in recorded.event.shards_named():
+        for shard in shards:
             if not 0 <= shard < count:
                 raise ProjectionError(
-                    f"run {self.run!r} seq {recorded.seq}: {recorded.event.type} names shard "
-                    f"{shard}, but the fleet has shards 0..{count - 1}"
+                    f"run {self.run!r} seq {seq}: {event.type} names shard {shard}, but the "
+                    f"fleet has shards 0..{count - 1}"
                 )
 
     def _signal(self, shard: int, signal: Signal) -> list[Transition]:
+        if not 0 <= shard < len(self.shards):
+            raise ProjectionError(
+                f"run {self.run!r} seq {signal.seq}: {signal.input} for shard {shard}, but "
+                f"the fleet has shards 0..{len(self.shards) - 1}"
+            )
         t = step(self.shards[shard], signal, self._thresholds)
         return [] if t is None else [t]
 
@@ -225,6 +230,8 @@ class FleetView:
         raise ProjectionError(f"run {self.run!r} seq {seq}: the run has already started")
 
     def _on_probe_ok(self, e: ProbeSucceeded, seq: int, at: int) -> list[Transition]:
+        if e.shard < len(self.shards) and healthy_probe_ok(self.shards[e.shard], at):
+            return []
         return self._signal(e.shard, Signal(Input.PROBE_OK, seq, at))
 
     def _on_probe_failed(self, e: ProbeFailed, seq: int, at: int) -> list[Transition]:
@@ -235,6 +242,7 @@ class FleetView:
         return self._signal(e.shard, Signal(Input.ACTOR_DIED, seq, at, text=e.error))
 
     def _on_outcomes(self, e: OutcomeWindowReported, seq: int, at: int) -> list[Transition]:
+        self._check_shards(seq, e, e.shards_named())
         out: list[Transition] = []
         # Successes first, for every shard of the window, then failures.
         for o in e.outcomes:
@@ -251,10 +259,12 @@ class FleetView:
         return out
 
     def _on_refit_started(self, e: RefitStarted, seq: int, at: int) -> list[Transition]:
+        self._check_shards(seq, e, e.shards)
         self.open_refit = OpenRefit(seq, e.weight_version, e.shards)
         return []
 
     def _on_refit_completed(self, e: RefitCompleted, seq: int, at: int) -> list[Transition]:
+        self._check_shards(seq, e, e.shards)
         self.open_refit = None
         self.last_refit_seq = seq
         self.weight_version = max(self.weight_version, e.weight_version)

@@ -94,7 +94,7 @@ class ShardRecord:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: frozen dataclasses pay for __setattr__ bypass per field
 class Signal:
     """One input for one shard, with what the event said about it."""
 
@@ -260,11 +260,15 @@ RULES: dict[Input, dict[ShardState, tuple[Branch, ...]]] = {
 # ── counter effects, applied when the input is taken, before the guards ────────
 
 
-def _probe_ok(r: ShardRecord, s: Signal) -> None:
+def _count_probe_success(r: ShardRecord, at_us: int) -> None:
     r.probe_failures = 0
     r.probe_evidence = ()
     r.probe_successes += 1
-    r.last_ok_at_us = s.at_us
+    r.last_ok_at_us = at_us
+
+
+def _probe_ok(r: ShardRecord, s: Signal) -> None:
+    _count_probe_success(r, s.at_us)
 
 
 def _probe_failed(r: ShardRecord, s: Signal) -> None:
@@ -342,6 +346,19 @@ def _evidence(r: ShardRecord, signal: Signal, branch: Branch) -> tuple[int, ...]
     if branch.guard is reported_failures_reached:
         return r.reported_evidence
     return (signal.seq,)
+
+
+# Almost every event of a long run is a successful probe of a HEALTHY shard, whose row
+# is one unconditional "stay": the fold takes it without building a Signal.
+assert RULES[Input.PROBE_OK][H] == (_stay(),) and EFFECTS[Input.PROBE_OK] is _probe_ok
+
+
+def healthy_probe_ok(r: ShardRecord, at_us: int) -> bool:
+    """Apply a successful probe if the shard is HEALTHY (never a transition)."""
+    if r.state is not ShardState.HEALTHY:
+        return False
+    _count_probe_success(r, at_us)
+    return True
 
 
 def step(r: ShardRecord, signal: Signal, t: Thresholds) -> Transition | None:
