@@ -266,20 +266,29 @@ def _after_run_ended(lines: list[dict[str, Any]]) -> list[Line]:
     return [*lines, extra]
 
 
-def _corrupt_runs_page(c: Ctx) -> None:
-    """Copy the ledger, then overwrite the root page of fleetledger_runs with 0xFF."""
+def _corrupt_root_page(c: Ctx, table: str) -> None:
+    """Copy the ledger, then overwrite the root page of ``table`` with 0xFF."""
     _copy_ledger(c)
     conn = sqlite3.connect(c.bad_db)
     try:
         (page_size,) = conn.execute("PRAGMA page_size").fetchone()
         (root,) = conn.execute(
-            "SELECT rootpage FROM sqlite_master WHERE name = 'fleetledger_runs'"
+            "SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)
         ).fetchone()
     finally:
         conn.close()
     data = bytearray(c.bad_db.read_bytes())
     data[(root - 1) * page_size : root * page_size] = b"\xff" * page_size
     c.bad_db.write_bytes(bytes(data))
+
+
+def _corrupt_runs_page(c: Ctx) -> None:
+    _corrupt_root_page(c, "fleetledger_runs")
+
+
+def _corrupt_events_page(c: Ctx) -> None:
+    # membership reads the run's events (its head is its last event), not the runs table.
+    _corrupt_root_page(c, "fleetledger_events")
 
 
 def _copy_ledger(c: Ctx) -> None:
@@ -310,10 +319,9 @@ def _random_file(c: Ctx) -> None:
 
 STORE_UNKNOWN_TYPE = (
     "INSERT INTO fleetledger_events (run_id, seq, event_id, type, schema_version, at_us, payload) "
-    "SELECT 'r1', 7, 'r1-7', 'shard_teleported', 1, head_at_us, "
+    "SELECT 'r1', 7, 'r1-7', 'shard_teleported', 1, at_us, "
     """'{"id":"r1-7","type":"shard_teleported","shard":0}' """
-    "FROM fleetledger_runs WHERE run_id = 'r1'",
-    "UPDATE fleetledger_runs SET head_seq = 7 WHERE run_id = 'r1'",
+    "FROM fleetledger_events WHERE run_id = 'r1' AND seq = 6",
 )
 STORE_FUTURE_VERSION = (
     "UPDATE fleetledger_events SET schema_version = 99 WHERE run_id = 'r1' AND seq = 3",
@@ -748,7 +756,7 @@ CASES: list[Case] = [
         lambda c: cli("membership", "r1", "--db", c.bad_url),
         None,
         ("{bad}", "malformed"),
-        setup=_corrupt_runs_page,
+        setup=_corrupt_events_page,
     ),
     # ── URLs ──
     Case(

@@ -105,10 +105,9 @@ def _build_at_0001(url: str) -> list[tuple]:
         with engine.begin() as conn:
             conn.execute(
                 text(
-                    "INSERT INTO fleetledger_runs (run_id, head_seq, head_at_us, ended_seq) "
-                    "VALUES ('legacy', 3, :at, NULL)"
+                    "INSERT INTO fleetledger_runs (run_id, started_at_us) VALUES ('legacy', :at)"
                 ),
-                {"at": rows[-1][5]},
+                {"at": rows[0][5]},
             )
             conn.execute(
                 text(

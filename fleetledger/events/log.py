@@ -26,11 +26,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.codec import EventCodec, StoredRow
 from fleetledger.events.database import Database, open_database
 from fleetledger.events.errors import (
@@ -45,6 +46,7 @@ from fleetledger.events.models import Event, FleetConfig, RecordedEvent, RunEnde
 from fleetledger.events.schema import events, runs, snapshots
 
 READ_PAGE = 20_000
+RUN_ENDED = RunEnded.model_fields["type"].default
 MAX_RUN_ID_LENGTH = 128
 
 
@@ -73,19 +75,19 @@ class ImportRow:
     payload: str
 
 
-@dataclass(frozen=True)
-class _Encoded:
+class _Encoded(NamedTuple):
     event: Event
     type: str
     version: int
     payload: str
 
 
-@dataclass(frozen=True)
-class _Head:
+class _Head(NamedTuple):
+    """The run's last event: its seq, its time, and whether it ended the run."""
+
     seq: int
     at_us: int
-    ended_seq: int | None
+    ended: bool
 
 
 def check_run_id(run: str) -> None:
@@ -107,52 +109,47 @@ class _DriverStatement:
     def __init__(self, statement: Any, dialect: Any) -> None:
         compiled = statement.compile(dialect=dialect)
         self.sql = str(compiled)
-        self._order: tuple[str, ...] | None = (
+        self.order: tuple[str, ...] | None = (
             tuple(compiled.positiontup) if compiled.positional else None
         )
+        # Values Core bound itself, e.g. LIMIT 1.
+        self._defaults = {
+            name: bind.value for name, bind in compiled.binds.items() if bind.value is not None
+        }
 
     def params(self, **values: Any) -> tuple[Any, ...] | dict[str, Any]:
-        return values if self._order is None else tuple(values[k] for k in self._order)
+        merged = {**self._defaults, **values}
+        return merged if self.order is None else tuple(merged[k] for k in self.order)
 
-    def rows(self, values: Sequence[dict[str, Any]]) -> list[Any]:
-        if self._order is None:
-            return list(values)
-        order = self._order
-        return [tuple(v[k] for k in order) for v in values]
+
+INSERT_COLUMNS = ("run_id", "seq", "event_id", "type", "schema_version", "at_us", "payload")
 
 
 class _Statements:
     """The hot-path statements of one database, compiled once."""
 
     def __init__(self, dialect: Any) -> None:
-        self.lock_head = _DriverStatement(
-            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq)
-            .where(runs.c.run_id == bindparam("run"))
-            .with_for_update(),
+        # SQLite needs no row lock: BEGIN IMMEDIATE already admits one writer at a time.
+        self.lock_run = (
+            None
+            if dialect.name == "sqlite"
+            else _DriverStatement(
+                select(runs.c.run_id).where(runs.c.run_id == bindparam("run")).with_for_update(),
+                dialect,
+            )
+        )
+        self.last_event = _DriverStatement(
+            select(events.c.seq, events.c.at_us, events.c.type)
+            .where(events.c.run_id == bindparam("run"))
+            .order_by(events.c.seq.desc())
+            .limit(1),
             dialect,
         )
         self.insert_events = _DriverStatement(
-            insert(events).values(
-                run_id=bindparam("run_id"),
-                seq=bindparam("seq"),
-                event_id=bindparam("event_id"),
-                type=bindparam("type"),
-                schema_version=bindparam("schema_version"),
-                at_us=bindparam("at_us"),
-                payload=bindparam("payload"),
-            ),
-            dialect,
+            insert(events).values({name: bindparam(name) for name in INSERT_COLUMNS}), dialect
         )
-        self.update_head = _DriverStatement(
-            update(runs)
-            .where(runs.c.run_id == bindparam("run"))
-            .values(
-                head_seq=bindparam("head_seq"),
-                head_at_us=bindparam("head_at_us"),
-                ended_seq=bindparam("ended_seq"),
-            ),
-            dialect,
-        )
+        if self.insert_events.order not in (None, INSERT_COLUMNS):
+            raise AssertionError(f"unexpected INSERT order {self.insert_events.order}")
         self.page = _DriverStatement(
             select(
                 events.c.seq,
@@ -169,6 +166,12 @@ class _Statements:
             .order_by(events.c.seq),
             dialect,
         )
+
+    def insert_rows(self, rows: list[tuple[Any, ...]]) -> list[Any]:
+        """Rows in ``INSERT_COLUMNS`` order, in the driver's parameter style."""
+        if self.insert_events.order is not None:
+            return rows
+        return [dict(zip(INSERT_COLUMNS, row, strict=True)) for row in rows]
 
 
 class _Retry(Exception):
@@ -275,19 +278,25 @@ class EventLog:
             )
         return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
 
-    def _lock_head(self, conn: Connection, run: str) -> _Head | None:
+    def _head(self, conn: Connection, run: str, *, lock: bool) -> _Head | None:
+        """The run's last event (None: no such run); with ``lock``, own the run's appends."""
+        sql = self._sql
         cursor = conn.connection.driver_connection.cursor()
         try:
-            cursor.execute(self._sql.lock_head.sql, self._sql.lock_head.params(run=run))
+            if lock and sql.lock_run is not None:
+                cursor.execute(sql.lock_run.sql, sql.lock_run.params(run=run))
+                if cursor.fetchone() is None:
+                    return None
+            cursor.execute(sql.last_event.sql, sql.last_event.params(run=run))
             row = cursor.fetchone()
         finally:
             cursor.close()
-        return None if row is None else _Head(*row)
+        return None if row is None else _Head(row[0], row[1], row[2] == RUN_ENDED)
 
     def _append_in(
         self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
     ) -> list[int]:
-        head = self._lock_head(conn, run)
+        head = self._head(conn, run, lock=True)
         stored: dict[str, int] = {}
         if lookup and head is not None:
             ids = [e.event.id for e in encoded]
@@ -298,50 +307,33 @@ class EventLog:
                     )
                 ).all()
             )
-        fresh = [e for e in encoded if e.event.id not in stored]
+        fresh = [e for e in encoded if e.event.id not in stored] if stored else encoded
         if not fresh:
             return [stored[e.event.id] for e in encoded]
         try:
-            config = self._validate(conn, run, head, fresh)
+            self._validate(conn, run, head, fresh)
         except AppendRejected:
             if lookup:
                 raise
             raise _Retry() from None  # maybe a retried batch: look its ids up first
-        if head is None:
-            self._configs[run] = config
+        # Time lives in events: stamps never go backwards within a run, whatever the
+        # clocks of the processes appending to it say.
         now = max(self._clock_us(), head.at_us if head else 0)
         first = (head.seq if head else 0) + 1
-        assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
         rows = [
-            {
-                "run_id": run,
-                "seq": assigned[e.event.id],
-                "event_id": e.event.id,
-                "type": e.type,
-                "schema_version": e.version,
-                "at_us": now,
-                "payload": e.payload,
-            }
-            for e in fresh
+            (run, first + i, e.event.id, e.type, e.version, now, e.payload)
+            for i, e in enumerate(fresh)
         ]
-        last = first + len(fresh) - 1
-        ended = last if isinstance(fresh[-1].event, RunEnded) else None
         cursor = conn.connection.driver_connection.cursor()
         try:
-            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_events.rows(rows))
             if head is None:
-                conn.execute(
-                    insert(runs).values(run_id=run, head_seq=last, head_at_us=now, ended_seq=ended)
-                )
-            else:
-                cursor.execute(
-                    self._sql.update_head.sql,
-                    self._sql.update_head.params(
-                        run=run, head_seq=last, head_at_us=now, ended_seq=ended
-                    ),
-                )
+                conn.execute(insert(runs).values(run_id=run, started_at_us=now))
+            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
         finally:
             cursor.close()
+        if not stored:
+            return list(range(first, first + len(fresh)))
+        assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
         return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded]
 
     def _validate(
@@ -361,9 +353,9 @@ class EventLog:
             config = first.config
             offset = 1
         else:
-            if head.ended_seq is not None:
+            if head.ended:
                 raise AppendRejected(
-                    run, f"the run ended at seq {head.ended_seq}; nothing may be appended after it"
+                    run, f"the run ended at seq {head.seq}; nothing may be appended after it"
                 )
             config = self._config_in(conn, run)
         for index, item in enumerate(fresh[offset:], start=offset):
@@ -425,14 +417,12 @@ class EventLog:
             return self._require_run(conn, run).seq
 
     def _require_run(self, conn: Connection, run: str) -> _Head:
-        row = conn.execute(
-            select(runs.c.head_seq, runs.c.head_at_us, runs.c.ended_seq).where(runs.c.run_id == run)
-        ).first()
-        if row is None:
+        head = self._head(conn, run, lock=False)
+        if head is None:
             known = conn.execute(select(runs.c.run_id).order_by(runs.c.run_id).limit(20)).scalars()
             listed = ", ".join(known) or "none"
             raise UnknownRun(run, f"no run {run!r} in {self.database.display_url} (runs: {listed})")
-        return _Head(row.head_seq, row.head_at_us, row.ended_seq)
+        return head
 
     def read_stored(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
@@ -454,8 +444,9 @@ class EventLog:
             try:
                 while lo < last:
                     hi = min(lo + READ_PAGE, last)
-                    cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
-                    page = cursor.fetchall()
+                    with cyclic_gc_paused():
+                        cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
+                        page = cursor.fetchall()
                     if len(page) != hi - lo:
                         raise LedgerError(
                             f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} "
@@ -488,22 +479,20 @@ class EventLog:
         return dict(rows)
 
     def runs(self) -> list[RunSummary]:
-        first_at = select(events.c.run_id, events.c.at_us).where(events.c.seq == 1).subquery()
-        query = (
-            select(
-                runs.c.run_id,
-                runs.c.head_seq,
-                first_at.c.at_us,
-                runs.c.head_at_us,
-                runs.c.ended_seq,
-            )
-            .join(first_at, first_at.c.run_id == runs.c.run_id)
-            .order_by(first_at.c.at_us, runs.c.run_id)
-        )
+        """Every run, oldest first, with its head (one index lookup per run)."""
         with self._reading() as conn:
-            return [
-                RunSummary(r[0], r[1], r[2], r[3], r[4] is not None) for r in conn.execute(query)
-            ]
+            listed = conn.execute(
+                select(runs.c.run_id, runs.c.started_at_us).order_by(
+                    runs.c.started_at_us, runs.c.run_id
+                )
+            ).all()
+            out = []
+            for run_id, started_at_us in listed:
+                head = self._head(conn, run_id, lock=False)
+                if head is None:
+                    raise LedgerError(f"run {run_id!r} is listed but has no events: damaged")
+                out.append(RunSummary(run_id, head.seq, started_at_us, head.at_us, head.ended))
+            return out
 
     def count_events(self) -> int:
         with self._reading() as conn:
@@ -518,36 +507,24 @@ class EventLog:
             raise AppendRejected(run, "nothing to import")
 
         def body(conn: Connection) -> list[int]:
-            if self._lock_head(conn, run) is not None:
+            if self._head(conn, run, lock=True) is not None:
                 raise AppendRejected(
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
-            conn.execute(
-                insert(events),
-                [
-                    {
-                        "run_id": run,
-                        "seq": r.seq,
-                        "event_id": r.event_id,
-                        "type": r.type,
-                        "schema_version": r.schema_version,
-                        "at_us": r.at_us,
-                        "payload": r.payload,
-                    }
-                    for r in rows
-                ],
-            )
-            last = rows[-1]
-            conn.execute(
-                insert(runs).values(
-                    run_id=run,
-                    head_seq=last.seq,
-                    head_at_us=max(r.at_us for r in rows),
-                    ended_seq=last.seq
-                    if last.type == RunEnded.model_fields["type"].default
-                    else None,
+            conn.execute(insert(runs).values(run_id=run, started_at_us=rows[0].at_us))
+            cursor = conn.connection.driver_connection.cursor()
+            try:
+                cursor.executemany(
+                    self._sql.insert_events.sql,
+                    self._sql.insert_rows(
+                        [
+                            (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload)
+                            for r in rows
+                        ]
+                    ),
                 )
-            )
+            finally:
+                cursor.close()
             return []
 
         try:
@@ -561,7 +538,7 @@ class EventLog:
 
     def save_snapshot(self, run: str, projection_version: int, seq: int, payload: str) -> None:
         def body(conn: Connection) -> list[int]:
-            head = self._lock_head(conn, run)
+            head = self._head(conn, run, lock=True)
             if head is None or seq > head.seq or seq < 1:
                 raise AppendRejected(run, f"cannot snapshot at seq {seq}: not in the log")
             exists = conn.execute(

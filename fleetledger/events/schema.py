@@ -20,16 +20,15 @@ from sqlalchemy import (
 
 metadata = MetaData()
 
-# One row per run: the head of its sequence. Appenders lock this row (PostgreSQL) or
-# the whole database (SQLite, BEGIN IMMEDIATE) so that seqs are assigned one
-# transaction at a time: gap-free, and commit order equals seq order.
+# One row per run. Appenders lock it (PostgreSQL: SELECT ... FOR UPDATE; SQLite locks the
+# whole database with BEGIN IMMEDIATE) so seqs are assigned one transaction at a time:
+# gap-free, and commit order equals seq order. The head itself is not stored here: it
+# is the run's last event, one primary-key lookup away, so it can never disagree.
 runs = Table(
     "fleetledger_runs",
     metadata,
     Column("run_id", String(128), primary_key=True),
-    Column("head_seq", BigInteger, nullable=False),
-    Column("head_at_us", BigInteger, nullable=False),
-    Column("ended_seq", BigInteger, nullable=True),
+    Column("started_at_us", BigInteger, nullable=False),
 )
 
 events = Table(

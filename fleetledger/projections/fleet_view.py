@@ -178,25 +178,22 @@ class FleetView:
 
     def apply(self, recorded: RecordedEvent) -> list[Transition]:
         """Fold one event; returns the state changes it caused, in order."""
-        if recorded.run != self.run:
+        run, seq, at_us, event = recorded
+        if run != self.run:
+            raise ProjectionError(f"seq {seq} belongs to run {run!r}, not {self.run!r}")
+        if seq != self.seq + 1:
             raise ProjectionError(
-                f"seq {recorded.seq} belongs to run {recorded.run!r}, not {self.run!r}"
-            )
-        if recorded.seq != self.seq + 1:
-            raise ProjectionError(
-                f"run {self.run!r}: expected seq {self.seq + 1}, got {recorded.seq} "
+                f"run {self.run!r}: expected seq {self.seq + 1}, got {seq} "
                 "(events must be folded in order, without gaps)"
             )
-        handler = _HANDLERS.get(type(recorded.event))
+        handler = _HANDLERS.get(type(event))
         if handler is None:
-            raise ProjectionError(
-                f"run {self.run!r} seq {recorded.seq}: no fold rule for {recorded.event.type!r}"
-            )
+            raise ProjectionError(f"run {self.run!r} seq {seq}: no fold rule for {event.type!r}")
         # A handler may still refuse the event (a second run_started): the view's
         # position moves only once the event has been folded.
-        transitions = handler(self, recorded.event, recorded.seq, recorded.at_us)
-        self.seq = recorded.seq
-        self.at_us = recorded.at_us
+        transitions = handler(self, event, seq, at_us)
+        self.seq = seq
+        self.at_us = at_us
         if transitions:
             serving = frozenset(self.serving)
             if serving != self.last_serving:

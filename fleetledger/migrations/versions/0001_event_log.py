@@ -17,9 +17,7 @@ def upgrade() -> None:
     op.create_table(
         "fleetledger_runs",
         sa.Column("run_id", sa.String(128), primary_key=True),
-        sa.Column("head_seq", sa.BigInteger, nullable=False),
-        sa.Column("head_at_us", sa.BigInteger, nullable=False),
-        sa.Column("ended_seq", sa.BigInteger, nullable=True),
+        sa.Column("started_at_us", sa.BigInteger, nullable=False),
     )
     op.create_table(
         "fleetledger_events",
