@@ -607,3 +607,23 @@ def test_a_run_ended_in_its_first_batch_is_recorded_as_ended(log):
     assert log.append(RUN, [run_started(), RunEnded(outcome="aborted", cause="x")]) == [1, 2]
     with pytest.raises(AppendRejected, match="ended at seq 2"):
         log.append(RUN, [ProbeSucceeded(shard=0)])
+
+
+def test_a_writer_whose_remembered_head_is_stale_still_appends_gap_free(ledger_url):
+    """Each log remembers the head it left; another writer moving it must not matter."""
+    with EventLog.open(ledger_url) as first, EventLog.open(ledger_url) as second:
+        assert first.append("shared", [run_started(shards=2)]) == [1]
+        assert first.append("shared", [ProbeSucceeded(shard=0)]) == [2]
+        assert second.append(
+            "shared", [ProbeSucceeded(shard=1)] * 1 + [ProbeSucceeded(shard=0)]
+        ) == [
+            3,
+            4,
+        ]
+        # ``first`` remembers head 2; seq 3 is taken, so it must re-read and take 5.
+        assert first.append("shared", [ProbeFailed(shard=1, kind="timeout")]) == [5]
+        assert second.append("shared", [run_ended()]) == [6]
+        before = [(r.seq, r.event.id) for r in first.read("shared")]
+        with pytest.raises(AppendRejected, match="ended at seq 6"):
+            first.append("shared", [ProbeSucceeded(shard=0)])
+        assert [(r.seq, r.event.id) for r in second.read("shared")] == before

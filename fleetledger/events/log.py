@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, bindparam, func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -45,6 +45,7 @@ from fleetledger.events.errors import (
 from fleetledger.events.models import Event, FleetConfig, RecordedEvent, RunEnded, RunStarted
 from fleetledger.events.schema import events, runs, snapshots
 
+T = TypeVar("T")
 READ_PAGE = 20_000
 RUN_ENDED = RunEnded.model_fields["type"].default
 MAX_RUN_ID_LENGTH = 128
@@ -193,6 +194,8 @@ class EventLog:
         self._clock_us = clock_us
         self._configs: dict[str, FleetConfig] = {}
         self._sql = _Statements(database.engine.dialect)
+        # The head each run had after this log's last committed append to it.
+        self._heads: dict[str, _Head] = {}
 
     @classmethod
     def open(cls, url: str | None = None, **kwargs: Any) -> EventLog:
@@ -221,20 +224,45 @@ class EventLog:
             return []
         encoded = self._encode(run, batch)
         try:
-            return self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=False))
+            return self._remember(
+                run,
+                self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=False)),
+            )
         except _Retry:
             pass
+        except BaseException:
+            self._heads.pop(run, None)
+            raise
         # Slow path: some ids may be stored already, or another process started the run
         # between our read and our insert. Each retry sees strictly more committed state.
         for _ in range(3):
+            self._heads.pop(run, None)
             try:
-                return self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=True))
+                return self._remember(
+                    run,
+                    self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=True)),
+                )
             except _Retry:
                 continue
+            except BaseException:
+                self._heads.pop(run, None)
+                raise
         raise LedgerWriteError(
             f"{self.database.display_url}: run {run!r}: the append kept conflicting with "
             "concurrent writers; nothing was written"
         )
+
+    def _remember(self, run: str, outcome: tuple[list[int], _Head | None]) -> list[int]:
+        """Keep the head a committed append left, so the next one need not read it.
+
+        A stale memory is harmless: if another process appended meanwhile, seq head+1
+        exists, the (run_id, seq) primary key refuses our insert, and the append is
+        redone from a fresh read of the head (the slow path).
+        """
+        seqs, head = outcome
+        if head is not None:
+            self._heads[run] = head
+        return seqs
 
     def _encode(self, run: str, batch: Sequence[Event]) -> list[_Encoded]:
         out: list[_Encoded] = []
@@ -252,7 +280,7 @@ class EventLog:
             out.append(_Encoded(event, type_, version, payload))
         return out
 
-    def _transact(self, body: Callable[[Connection], list[int]]) -> list[int]:
+    def _transact(self, body: Callable[[Connection], T]) -> T:
         dbapi = self.database.engine.dialect.loaded_dbapi
         try:
             with self.database.write_connection() as conn:
@@ -278,6 +306,21 @@ class EventLog:
             )
         return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
 
+    def _cached_head(self, conn: Connection, run: str) -> _Head | None:
+        """The head this log last wrote to ``run``, with the run locked (PostgreSQL)."""
+        head = self._heads.get(run)
+        if head is None:
+            return None
+        lock = self._sql.lock_run
+        if lock is not None:
+            cursor = conn.connection.driver_connection.cursor()
+            try:
+                cursor.execute(lock.sql, lock.params(run=run))
+                cursor.fetchone()
+            finally:
+                cursor.close()
+        return head
+
     def _head(self, conn: Connection, run: str, *, lock: bool) -> _Head | None:
         """The run's last event (None: no such run); with ``lock``, own the run's appends."""
         sql = self._sql
@@ -295,8 +338,11 @@ class EventLog:
 
     def _append_in(
         self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
-    ) -> list[int]:
-        head = self._head(conn, run, lock=True)
+    ) -> tuple[list[int], _Head | None]:
+        """Returns the seqs, and the run's new head if anything was written."""
+        head = self._cached_head(conn, run) if not lookup else None
+        if head is None:
+            head = self._head(conn, run, lock=True)
         stored: dict[str, int] = {}
         if lookup and head is not None:
             ids = [e.event.id for e in encoded]
@@ -309,7 +355,7 @@ class EventLog:
             )
         fresh = [e for e in encoded if e.event.id not in stored] if stored else encoded
         if not fresh:
-            return [stored[e.event.id] for e in encoded]
+            return [stored[e.event.id] for e in encoded], None
         try:
             self._validate(conn, run, head, fresh)
         except AppendRejected:
@@ -331,10 +377,12 @@ class EventLog:
             cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
         finally:
             cursor.close()
+        last = first + len(fresh) - 1
+        new_head = _Head(last, now, isinstance(fresh[-1].event, RunEnded))
         if not stored:
-            return list(range(first, first + len(fresh)))
+            return list(range(first, first + len(fresh))), new_head
         assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
-        return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded]
+        return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded], new_head
 
     def _validate(
         self, conn: Connection, run: str, head: _Head | None, fresh: list[_Encoded]
