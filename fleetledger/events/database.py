@@ -146,10 +146,13 @@ def _sqlite_engine(url: URL) -> Engine:
     def _begin(conn: Connection) -> None:
         # Writers take the lock at BEGIN: seq assignment then happens one transaction
         # at a time, and no writer can fail on a read-to-write lock upgrade.
+        # Straight to the driver: this runs once per append, and Core's execution
+        # pipeline costs more than SQLite's BEGIN does.
+        driver = conn.connection.driver_connection
         if conn.get_execution_options().get("fleetledger_write"):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            driver.execute("BEGIN IMMEDIATE")
         else:
-            conn.exec_driver_sql("BEGIN")
+            driver.execute("BEGIN")
 
     return engine
 

@@ -22,6 +22,7 @@ Guarantees, and how each is kept:
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -196,12 +197,24 @@ class EventLog:
         self._sql = _Statements(database.engine.dialect)
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
+        # One write connection per thread, kept: checking one out of the pool for every
+        # append cost more than the append's own SQL.
+        self._writer = threading.local()
+        self._writers: list[Connection] = []
+        self._writers_lock = threading.Lock()
 
     @classmethod
     def open(cls, url: str | None = None, **kwargs: Any) -> EventLog:
         return cls(open_database(url), **kwargs)
 
     def close(self) -> None:
+        with self._writers_lock:
+            writers, self._writers = self._writers, []
+        for conn in writers:
+            try:
+                conn.close()
+            except Exception:  # closing must not mask the caller's error
+                pass
         self.database.dispose()
 
     def __enter__(self) -> EventLog:
@@ -280,19 +293,45 @@ class EventLog:
             out.append(_Encoded(event, type_, version, payload))
         return out
 
+    def _write_connection(self) -> Connection:
+        conn: Connection | None = getattr(self._writer, "conn", None)
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self.database.write_connection()
+            self._writer.conn = conn
+            with self._writers_lock:
+                self._writers.append(conn)
+        return conn
+
+    def _drop_write_connection(self) -> None:
+        conn: Connection | None = getattr(self._writer, "conn", None)
+        self._writer.conn = None
+        if conn is not None:
+            with self._writers_lock:
+                if conn in self._writers:
+                    self._writers.remove(conn)
+            try:
+                conn.close()
+            except Exception:  # the connection is being discarded anyway
+                pass
+
     def _transact(self, body: Callable[[Connection], T]) -> T:
         dbapi = self.database.engine.dialect.loaded_dbapi
+        conn = self._write_connection()
         try:
-            with self.database.write_connection() as conn:
-                with conn.begin():
-                    return body(conn)
+            with conn.begin():
+                return body(conn)
         except (IntegrityError, dbapi.IntegrityError):
             # Raised through Core or straight from the driver cursor of the hot path.
             raise _Retry() from None
         except DBAPIError as exc:
+            self._drop_write_connection()
             raise self._write_error(exc.orig or exc, exc.connection_invalidated) from None
         except dbapi.Error as exc:
+            self._drop_write_connection()
             raise self._write_error(exc, False) from None
+        except BaseException:
+            self._drop_write_connection()
+            raise
 
     def _write_error(self, exc: BaseException, invalidated: bool) -> LedgerWriteError:
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
