@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from fleetledger.events.models import (
     ActorDeathConfirmed,
+    CondemnationRefused,
     Event,
     FailureCount,
     FleetConfig,
@@ -23,6 +24,7 @@ from fleetledger.events.models import (
     OutcomeWindowReported,
     ProbeFailed,
     ProbeSucceeded,
+    ProgressReported,
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
@@ -265,6 +267,8 @@ def every_event_naming(shard: int, shard_count: int) -> list[Event]:
         SilentParticipantCondemned(shard=shard, reason="lone suspect"),
         ShardRetired(shard=shard, reason="again"),
         StallDetected(committed_groups=1, train_steps=1, idle_s=700.0, in_flight=0, action="warn"),
+        CondemnationRefused(suspected=(shard,), reason="two suspects"),
+        ProgressReported(committed_groups=4, train_steps=2, in_flight=1),
         FleetExhausted(serving=0, min_healthy_shards=1, counts={"RETIRED": 1}),
     ]
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from fleetledger.events.models import (
     ActorDeathConfirmed,
+    CondemnationRefused,
     Event,
     FailureCount,
     FleetConfig,
@@ -29,6 +30,7 @@ from fleetledger.events.models import (
     OutcomeWindowReported,
     ProbeFailed,
     ProbeSucceeded,
+    ProgressReported,
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
@@ -173,6 +175,17 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
             idle_s=st.floats(0, 1e4, allow_nan=False),
             in_flight=st.integers(0, 9),
             action=st.sampled_from(["warn", "abort"]),
+        ),
+        st.builds(
+            CondemnationRefused,
+            suspected=st.lists(st.integers(0, shard_count - 1), unique=True).map(tuple),
+            reason=st.sampled_from(["no suspect", "2 suspects"]),
+        ),
+        st.builds(
+            ProgressReported,
+            committed_groups=st.integers(0, 99),
+            train_steps=st.integers(0, 9),
+            in_flight=st.integers(0, 9),
         ),
         st.builds(
             FleetExhausted,

@@ -190,6 +190,14 @@ class LedgerMachine(RuleBasedStateMachine):
             )
         )
 
+    @precondition(_open)
+    @rule(suspects=st.lists(shard_index, unique=True, max_size=3), groups=st.integers(0, 50))
+    def watchdog_and_refusal(self, suspects, groups) -> None:
+        out = self.ledger.report_progress(committed_groups=groups, train_steps=1, in_flight=2)
+        named = sorted({self._shard(s) for s in suspects})
+        out += self.ledger.refuse_condemnation(named, f"{len(named)} suspects")
+        self._do(out)
+
     @precondition(lambda self: self._open() and self.ledger.view.exhaustion() is not None)
     @rule()
     def exhausted(self) -> None:

@@ -104,9 +104,7 @@ def _build_at_0001(url: str) -> list[tuple]:
             command.upgrade(alembic_config(connection=conn), "0001")
         with engine.begin() as conn:
             conn.execute(
-                text(
-                    "INSERT INTO fleetledger_runs (run_id, started_at_us) VALUES ('legacy', :at)"
-                ),
+                text("INSERT INTO fleetledger_runs (run_id, started_at_us) VALUES ('legacy', :at)"),
                 {"at": rows[0][5]},
             )
             conn.execute(

@@ -20,12 +20,14 @@ import structlog
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
+    CondemnationRefused,
     Event,
     FleetConfig,
     FleetExhausted,
     OutcomeWindowReported,
     ProbeFailed,
     ProbeSucceeded,
+    ProgressReported,
     RefitAborted,
     RefitCompleted,
     RefitStarted,
@@ -221,6 +223,20 @@ class Ledger:
 
     def retire(self, shard: int, reason: str) -> list[Transition]:
         return self.record([ShardRetired(shard=shard, reason=reason)])
+
+    def refuse_condemnation(self, suspected: Sequence[int], reason: str) -> list[Transition]:
+        return self.record([CondemnationRefused(suspected=tuple(suspected), reason=reason)])
+
+    def report_progress(
+        self, *, committed_groups: int, train_steps: int, in_flight: int
+    ) -> list[Transition]:
+        return self.record(
+            [
+                ProgressReported(
+                    committed_groups=committed_groups, train_steps=train_steps, in_flight=in_flight
+                )
+            ]
+        )
 
     def stall_detected(
         self,

@@ -271,6 +271,34 @@ class ShardRetired(Event):
     reason: Reason
 
 
+class CondemnationRefused(Event):
+    """After an aborted refit, no lone suspect could be blamed: none, or several.
+
+    Condemning one of two suspects would be a guess; the refusal names what was found
+    so the run can end attributably instead.
+    """
+
+    type: Literal["condemnation_refused"] = "condemnation_refused"
+    suspected: tuple[ShardIndex, ...]
+    reason: Reason
+
+    def shards_named(self) -> tuple[int, ...]:
+        return self.suspected
+
+
+class ProgressReported(Event):
+    """The training loop's progress, as the watchdog saw it on a tick.
+
+    Progress is the pair (committed rollout groups, completed train steps); recording it
+    is what lets a replay say where a dead run stopped.
+    """
+
+    type: Literal["progress_reported"] = "progress_reported"
+    committed_groups: int = Field(ge=0)
+    train_steps: int = Field(ge=0)
+    in_flight: int = Field(ge=0)
+
+
 class StallDetected(Event):
     type: Literal["stall_detected"] = "stall_detected"
     committed_groups: int = Field(ge=0)
@@ -303,6 +331,8 @@ AnyEvent = Annotated[
     | ReplacementLoaded
     | SilentParticipantCondemned
     | ShardRetired
+    | CondemnationRefused
+    | ProgressReported
     | StallDetected
     | FleetExhausted,
     Field(discriminator="type"),
@@ -326,6 +356,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ReplacementLoaded,
         SilentParticipantCondemned,
         ShardRetired,
+        CondemnationRefused,
+        ProgressReported,
         StallDetected,
         FleetExhausted,
     )

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 
 from fleetledger.events.models import (
     ActorDeathConfirmed,
+    CondemnationRefused,
     Event,
     FleetConfig,
     FleetExhausted,
     OutcomeWindowReported,
     ProbeFailed,
     ProbeSucceeded,
+    ProgressReported,
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
@@ -70,6 +72,21 @@ class RefitAbort:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    seq: int
+    committed_groups: int
+    train_steps: int
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    seq: int
+    suspected: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class RunEnd:
     seq: int
     outcome: str
@@ -105,6 +122,8 @@ class FleetView:
     last_abort: RefitAbort | None = None
     stalls: int = 0
     last_stall_seq: int | None = None
+    progress: Progress | None = None  # the last progress the watchdog reported
+    last_refusal: Refusal | None = None
     exhausted_seq: int | None = None
     ended: RunEnd | None = None
     _thresholds: Thresholds = field(init=False, repr=False, compare=False)
@@ -303,6 +322,15 @@ class FleetView:
     def _on_retired(self, e: ShardRetired, seq: int, at: int) -> list[Transition]:
         return self._signal(e.shard, Signal(Input.RETIRE, seq, at, text=e.reason))
 
+    def _on_refused(self, e: CondemnationRefused, seq: int, at: int) -> list[Transition]:
+        self._check_shards(seq, e, e.suspected)
+        self.last_refusal = Refusal(seq, e.suspected, e.reason)
+        return []
+
+    def _on_progress(self, e: ProgressReported, seq: int, at: int) -> list[Transition]:
+        self.progress = Progress(seq, e.committed_groups, e.train_steps, e.in_flight)
+        return []
+
     def _on_stall(self, e: StallDetected, seq: int, at: int) -> list[Transition]:
         self.stalls += 1
         self.last_stall_seq = seq
@@ -332,6 +360,8 @@ _HANDLERS: dict[type[Event], Callable[[FleetView, Event, int, int], list[Transit
     ReplacementLoaded: FleetView._on_loaded,
     SilentParticipantCondemned: FleetView._on_condemned,
     ShardRetired: FleetView._on_retired,
+    CondemnationRefused: FleetView._on_refused,
+    ProgressReported: FleetView._on_progress,
     StallDetected: FleetView._on_stall,
     FleetExhausted: FleetView._on_exhausted,
     RunEnded: FleetView._on_run_ended,

@@ -14,8 +14,10 @@ from fleetledger.events.models import FleetConfig
 from fleetledger.projections.fleet_view import (
     FleetView,
     OpenRefit,
+    Progress,
     ProjectionError,
     RefitAbort,
+    Refusal,
     RunEnd,
 )
 from fleetledger.projections.shard_states import ShardRecord, ShardState
@@ -47,8 +49,9 @@ def _shard_from_json(d: dict[str, Any]) -> ShardRecord:
 def _maybe(cls: type, d: dict[str, Any] | None) -> Any:
     if d is None:
         return None
-    if "shards" in d:
-        d = {**d, "shards": tuple(d["shards"])}
+    for key in ("shards", "suspected"):  # JSON arrays back to the tuples the view holds
+        if key in d:
+            d = {**d, key: tuple(d[key])}
     return cls(**d)
 
 
@@ -77,6 +80,8 @@ def to_snapshot(view: FleetView) -> str:
             "stalls": view.stalls,
             "last_stall_seq": view.last_stall_seq,
             "exhausted_seq": view.exhausted_seq,
+            "progress": _as_dict(view.progress),
+            "last_refusal": _as_dict(view.last_refusal),
             "ended": _as_dict(view.ended),
         },
         separators=(",", ":"),
@@ -112,6 +117,8 @@ def from_snapshot(payload: str) -> FleetView:
             stalls=d["stalls"],
             last_stall_seq=d["last_stall_seq"],
             exhausted_seq=d["exhausted_seq"],
+            progress=_maybe(Progress, d["progress"]),
+            last_refusal=_maybe(Refusal, d["last_refusal"]),
             ended=_maybe(RunEnd, d["ended"]),
         )
     except ProjectionError:
