@@ -861,11 +861,10 @@ def _params() -> list[Any]:
 
 @pytest.fixture(autouse=True)
 def _logging_like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """Configure logging as the console script's main() does; work in an empty directory."""
+    """Work in an empty directory; restore the logging the commands configure."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
     saved = structlog.get_config()
-    cli_module._configure_logging()
     yield
     structlog.configure(**saved)
 

@@ -35,14 +35,13 @@ DEMO_STEPS = 16
 def _like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Logging configured as the console script's main() does, in an empty directory.
 
-    ``main()`` sends logs to stderr; ``app`` alone would leave structlog's default
-    (stdout), which is not what the installed command does.
+    Every command configures logging to stderr (the app's callback); the structlog
+    configuration is restored afterwards so other tests keep theirs.
     """
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
     monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
     saved = structlog.get_config()
-    cli_module._configure_logging()
     yield
     structlog.configure(**saved)
 

@@ -1,115 +1,22 @@
-"""The ``fleetledger`` command line.
-
-Every command takes ``--db URL`` (else ``$FLEETLEDGER_DB``, else ``sqlite:///fleetledger.db``
-in the working directory); every command that prints takes ``--json``. Errors print one
-line naming what was wrong and where, and exit with status 2 — never a traceback.
-"""
+"""Commands over the ledger itself: runs, membership, export/import, demo, migrate."""
 
 from __future__ import annotations
 
-import functools
 import json
-import logging
-import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
-import structlog
 import typer
-from rich.console import Console
 from rich.table import Column, Table
 
+from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log, out, print_json
 from fleetledger.controller.demo import new_demo_run_id, run_demo
 from fleetledger.controller.ledger import load_view
-from fleetledger.events.database import DB_URL_ENV
 from fleetledger.events.database import migrate as migrate_database
-from fleetledger.events.errors import LedgerError
 from fleetledger.events.jsonl import export_lines, format_at, parse_export
-from fleetledger.events.log import EventLog
-from fleetledger.projections.fleet_view import FleetView, ProjectionError
+from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.membership import membership_document
-from fleetledger.projections.rank_layout import RankLayoutError
-
-app = typer.Typer(
-    name="fleetledger",
-    help="Event-sourced membership ledger for the generation fleet of async RL runs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-DbOption = Annotated[
-    str | None,
-    typer.Option(
-        "--db",
-        help=f"Ledger database URL [default: ${DB_URL_ENV} or sqlite:///fleetledger.db]",
-        show_default=False,
-    ),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-
-F = TypeVar("F", bound=Callable[..., Any])
-out = Console(highlight=False, soft_wrap=True)
-
-
-def _configure_logging() -> None:
-    # Logs go to stderr: stdout carries the command's answer (and --json must stay clean).
-    # Transitions are logged at info; the CLI shows them only with FLEETLEDGER_LOG=info.
-    level = logging.getLevelNamesMapping().get(
-        os.environ.get("FLEETLEDGER_LOG", "warning").upper(), logging.WARNING
-    )
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"fleetledger: error: {message}", err=True)
-    return typer.Exit(code=2)
-
-
-def cli_errors(fn: F) -> F:
-    """Turn our own errors into one line on stderr and exit status 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (LedgerError, ProjectionError, RankLayoutError) as exc:
-            raise _fail(str(exc)) from None
-        except OSError as exc:
-            raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-@contextmanager
-def _open_log(db: str | None) -> Iterator[EventLog]:
-    log = EventLog.open(db)
-    if log.database.upgraded_from is not None:
-        typer.echo(
-            f"fleetledger: upgraded the ledger schema at {log.database.display_url} from "
-            f"revision {log.database.upgraded_from}",
-            err=True,
-        )
-    try:
-        yield log
-    finally:
-        log.close()
-
-
-def _print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, sort_keys=False))
-
 
 # ── runs ───────────────────────────────────────────────────────────────────────
 
@@ -118,10 +25,10 @@ def _print_json(doc: Any) -> None:
 @cli_errors
 def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List the runs in the ledger."""
-    with _open_log(db) as log:
+    with open_log(db) as log:
         summaries = log.runs()
     if as_json:
-        _print_json(
+        print_json(
             [
                 {
                     "run": s.run_id,
@@ -194,10 +101,10 @@ def membership(
     as_json: JsonOption = False,
 ) -> None:
     """Who is in the fleet: states, serving/absent sets, epoch and the rank layout."""
-    with _open_log(db) as log:
+    with open_log(db) as log:
         view = load_view(log, run, at)
     if as_json:
-        _print_json(membership_document(view))
+        print_json(membership_document(view))
     else:
         render_membership(view)
 
@@ -215,7 +122,7 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Write a run's stored events as JSON Lines (format: docs/events.md)."""
-    with _open_log(db) as log:
+    with open_log(db) as log:
         lines = export_lines(run, log.read_stored(run))
         if output is None:
             for line in lines:
@@ -237,7 +144,7 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Import an exported run. Every line is checked before any is written."""
-    with _open_log(db) as log:
+    with open_log(db) as log:
         if str(file) == "-":
             parsed = parse_export(sys.stdin.buffer, log.codec, run)
         else:
@@ -246,7 +153,7 @@ def import_(
         log.import_run(parsed.run, parsed.rows)
         view = load_view(log, parsed.run)
     if as_json:
-        _print_json({"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch})
+        print_json({"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch})
     else:
         out.print(f"imported {len(parsed.rows)} events as run {parsed.run}")
 
@@ -259,7 +166,7 @@ def import_(
 def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Write a scripted run into the ledger and print the membership after each step."""
     run = new_demo_run_id()
-    with _open_log(db) as log:
+    with open_log(db) as log:
         for number, (ledger, step) in enumerate(run_demo(log, run), start=1):
             doc = membership_document(ledger.view)
             if as_json:
@@ -307,22 +214,8 @@ def migrate(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Upgrade the ledger schema to this version's head (required for PostgreSQL)."""
     before, after = migrate_database(db)
     if as_json:
-        _print_json({"from": before, "to": after})
+        print_json({"from": before, "to": after})
     elif before == after:
         out.print(f"ledger schema already at revision {after}")
     else:
         out.print(f"ledger schema upgraded from {before or 'empty'} to revision {after}")
-
-
-@app.callback()
-def _setup() -> None:
-    """Configure logging for every command (also when ``app`` is invoked directly)."""
-    _configure_logging()
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

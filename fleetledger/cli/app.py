@@ -1,0 +1,114 @@
+"""The ``fleetledger`` application object and what every command shares.
+
+Every command takes ``--db URL`` (else ``$FLEETLEDGER_DB``, else ``sqlite:///fleetledger.db``
+in the working directory); every command that prints takes ``--json``. Errors print one
+line naming what was wrong and where, and exit with status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, TypeVar
+
+import structlog
+import typer
+from rich.console import Console
+
+from fleetledger.events.database import DB_URL_ENV
+from fleetledger.events.errors import LedgerError
+from fleetledger.events.log import EventLog
+from fleetledger.projections.fleet_view import ProjectionError
+from fleetledger.projections.rank_layout import RankLayoutError
+
+app = typer.Typer(
+    name="fleetledger",
+    help="Event-sourced membership ledger for the generation fleet of async RL runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help=f"Ledger database URL [default: ${DB_URL_ENV} or sqlite:///fleetledger.db]",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+F = TypeVar("F", bound=Callable[..., Any])
+out = Console(highlight=False, soft_wrap=True)
+
+
+def _configure_logging() -> None:
+    # Logs go to stderr: stdout carries the command's answer (and --json must stay clean).
+    # Transitions are logged at info; the CLI shows them only with FLEETLEDGER_LOG=info.
+    level = logging.getLevelNamesMapping().get(
+        os.environ.get("FLEETLEDGER_LOG", "warning").upper(), logging.WARNING
+    )
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"fleetledger: error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def cli_errors(fn: F) -> F:
+    """Turn our own errors into one line on stderr and exit status 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (LedgerError, ProjectionError, RankLayoutError) as exc:
+            raise _fail(str(exc)) from None
+        except OSError as exc:
+            raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def open_log(db: str | None) -> Iterator[EventLog]:
+    log = EventLog.open(db)
+    if log.database.upgraded_from is not None:
+        typer.echo(
+            f"fleetledger: upgraded the ledger schema at {log.database.display_url} from "
+            f"revision {log.database.upgraded_from}",
+            err=True,
+        )
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def print_json(doc: Any) -> None:
+    typer.echo(json.dumps(doc, indent=2, sort_keys=False))
+
+
+@app.callback()
+def _setup() -> None:
+    """Configure logging for every command (also when ``app`` is invoked directly)."""
+    _configure_logging()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""Commands: explain (issue 3, forensics)."""

@@ -1,0 +1,1 @@
+"""Commands: replay (issue 3, forensics)."""

@@ -1,0 +1,1 @@
+"""Commands: timeline (issue 3, forensics)."""
