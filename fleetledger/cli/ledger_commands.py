@@ -10,11 +10,22 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log, out, print_json
+from fleetledger.cli.app import (
+    DbOption,
+    JsonOption,
+    _fail,
+    app,
+    cli_errors,
+    open_log,
+    out,
+    print_json,
+)
+from fleetledger.cli.replay_commands import seq_for
 from fleetledger.controller.demo import new_demo_run_id, run_demo
 from fleetledger.controller.ledger import load_view
+from fleetledger.events.bundle import read_import, write_bundle
 from fleetledger.events.database import migrate as migrate_database
-from fleetledger.events.jsonl import export_lines, format_at, parse_export
+from fleetledger.events.jsonl import export_lines, format_at
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.membership import membership_document
 
@@ -96,13 +107,24 @@ def render_membership(view: FleetView) -> None:
 @cli_errors
 def membership(
     run: Annotated[str, typer.Argument(help="Run id (see `fleetledger runs`).")],
-    at: Annotated[int | None, typer.Option("--at", help="Answer as of this seq.")] = None,
+    at: Annotated[
+        str | None,
+        typer.Option(
+            "--at",
+            metavar="SEQ|TIME",
+            help="Answer as of this seq, or of this time (ISO 8601 with a zone, e.g. "
+            "2026-11-29T10:25:43Z: the last event at or before it).",
+        ),
+    ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Who is in the fleet: states, serving/absent sets, epoch and the rank layout."""
     with open_log(db) as log:
-        view = load_view(log, run, at)
+        # A time becomes the last seq stamped at or before it; then the nearest
+        # snapshot at or before that seq, folded forward (load_view).
+        seq = None if at is None else seq_for(log, run, at, "--at")
+        view = load_view(log, run, seq)
     if as_json:
         print_json(membership_document(view))
     else:
@@ -119,10 +141,30 @@ def export(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write here instead of stdout.")
     ] = None,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle",
+            help="Write a self-contained bundle here instead (zip: manifest, events, "
+            "config, summary; `fleetledger import` reads it).",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
-    """Write a run's stored events as JSON Lines (format: docs/events.md)."""
+    """Write a run's stored events as JSON Lines, or a bundle (format: docs/events.md)."""
+    if bundle is not None and output is not None:
+        raise _fail("give -o (JSON Lines) or --bundle, not both")
+    if bundle is not None and not bundle.parent.is_dir():
+        raise _fail(f"cannot write {bundle}: there is no directory {bundle.parent}")
     with open_log(db) as log:
+        if bundle is not None:
+            # Events, summary and membership all as of one head, even if the run is live.
+            head = log.head(run)
+            view = load_view(log, run, head)
+            write_bundle(
+                bundle, run, log.read_stored(run, 0, head), view.config, membership_document(view)
+            )
+            return
         lines = export_lines(run, log.read_stored(run))
         if output is None:
             for line in lines:
@@ -138,22 +180,49 @@ def export(
 @app.command(name="import")
 @cli_errors
 def import_(
-    file: Annotated[Path, typer.Argument(help="A JSON Lines export ('-' for stdin).")],
+    file: Annotated[Path, typer.Argument(help="A JSON Lines export or a bundle ('-' for stdin).")],
     run: Annotated[str | None, typer.Option("--run", help="Import under this run id.")] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Import an exported run. Every line is checked before any is written."""
+    """Import an exported run or a bundle (told apart by content). All checked, then written."""
+    source = "<stdin>" if str(file) == "-" else str(file)
     with open_log(db) as log:
         if str(file) == "-":
-            parsed = parse_export(sys.stdin.buffer, log.codec, run)
+            imported = read_import(sys.stdin.buffer, source, log.codec, run)
         else:
             with file.open("rb") as fh:
-                parsed = parse_export(fh, log.codec, run)
+                imported = read_import(fh, source, log.codec, run)
+        parsed, bundle = imported.parsed, imported.bundle
         log.import_run(parsed.run, parsed.rows)
         view = load_view(log, parsed.run)
+    if bundle is not None:
+        # The events are verified; a summary that disagrees with this version's fold
+        # means the fold's rules changed since the bundle was written. Say so.
+        ours = json.loads(json.dumps(membership_document(view)))
+        theirs = dict(bundle.summary["membership"])
+        keys = (ours.keys() | theirs.keys()) - {"run"}
+        differ = sorted(k for k in keys if ours.get(k) != theirs.get(k))
+        if differ:
+            typer.echo(
+                f"fleetledger: warning: {source}: the bundle's summary differs from this "
+                f"fleetledger's fold of its events in {', '.join(differ)}; answers follow "
+                "this version's rules",
+                err=True,
+            )
     if as_json:
-        print_json({"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch})
+        doc = {"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch}
+        if bundle is not None:
+            doc["bundle"] = bundle.manifest.as_dict()
+        print_json(doc)
+    elif bundle is not None:
+        m = bundle.manifest
+        out.print(
+            f"imported {len(parsed.rows)} events as run {parsed.run} from bundle {source} "
+            f"(format {m.format_version}, run {m.run}, written {m.created} by fleetledger "
+            f"{m.fleetledger_version})",
+            markup=False,
+        )
     else:
         out.print(f"imported {len(parsed.rows)} events as run {parsed.run}")
 

@@ -1,1 +1,122 @@
-"""Commands: timeline (issue 3, forensics)."""
+"""Commands: timeline (issue 3, forensics) — a picture of a run, for the morning after.
+
+``fleetledger timeline RUN -o FILE.png|FILE.html`` draws one lane per shard coloured by
+state over time, the refits (aborted ones marked), the epoch changes, the decisions a
+colour cannot show, and how the run ended. The data is the run's history, as
+``replay`` prints it (:mod:`fleetledger.projections.lanes`); the drawing is
+:mod:`fleetledger.cli.timeline_render`.
+
+The format comes from the file name, and is checked before the ledger is opened: a
+typo in ``-o`` should not cost a fold of a million events first. The file is written
+whole or not at all (a ``.partial`` sibling, renamed at the end).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from fleetledger.cli.app import (
+    DbOption,
+    JsonOption,
+    _fail,
+    app,
+    cli_errors,
+    open_log,
+    out,
+    print_json,
+)
+from fleetledger.cli.timeline_render import (
+    AxisMode,
+    PlotUnavailable,
+    plural,
+    render_html,
+    render_png,
+    require_matplotlib,
+)
+from fleetledger.projections.lanes import lanes_of
+
+PictureFormat = Literal["png", "html"]
+FORMATS: dict[str, PictureFormat] = {".png": "png", ".html": "html", ".htm": "html"}
+
+
+def picture_format(output: Path) -> PictureFormat:
+    """The format a file name asks for; an unknown extension is refused with the choices."""
+    found = FORMATS.get(output.suffix.lower())
+    if found is None:
+        given = f"'{output.suffix}'" if output.suffix else "no extension"
+        raise _fail(
+            f"{output}: cannot tell the picture format from {given}; name the file "
+            "FILE.png (matplotlib) or FILE.html (self-contained, opens offline)"
+        )
+    return found
+
+
+@app.command()
+@cli_errors
+def timeline(
+    run: Annotated[str, typer.Argument(help="Run id (see `fleetledger runs`).")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "-o",
+            "--output",
+            help="Picture to write: FILE.png (needs the 'plot' extra) or FILE.html.",
+        ),
+    ],
+    axis: Annotated[
+        str,
+        typer.Option(
+            "--axis",
+            help="x axis: 'time' since the run started, or 'seq' (every event one step: "
+            "for scripted runs whose events are milliseconds apart).",
+        ),
+    ] = "time",
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Draw a run: one lane per shard coloured by state, refits, epochs and the end."""
+    kind = picture_format(output)
+    if axis not in ("time", "seq"):
+        raise _fail(f"--axis {axis!r}: choose 'time' or 'seq'")
+    mode: AxisMode = "seq" if axis == "seq" else "time"
+    if not output.parent.is_dir():
+        raise _fail(f"cannot write {output}: there is no directory {output.parent}")
+    if kind == "png":
+        try:
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            raise _fail(str(exc)) from None
+    with open_log(db) as log:
+        lanes = lanes_of(log.read(run))
+    partial = output.with_name(output.name + ".partial")
+    try:
+        if kind == "png":
+            render_png(lanes, partial, mode)
+        else:
+            render_html(lanes, partial, mode)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    summary = {
+        "run": lanes.run,
+        "output": str(output),
+        "format": kind,
+        "axis": mode,
+        "events": lanes.last_seq,
+        "shards": lanes.shard_count,
+        "refits": len(lanes.refits),
+        "epoch_changes": len(lanes.epochs) - 1,
+        "end": lanes.end_label(),
+    }
+    if as_json:
+        print_json(summary)
+    else:
+        out.print(
+            f"wrote {output} ({kind.upper()}, {plural(lanes.shard_count, 'shard')}, "
+            f"{plural(lanes.last_seq, 'event')}, {plural(len(lanes.refits), 'refit')}): "
+            f"{lanes.end_label()}",
+            markup=False,
+        )

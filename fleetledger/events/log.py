@@ -43,7 +43,14 @@ from fleetledger.events.errors import (
     LedgerWriteError,
     UnknownRun,
 )
-from fleetledger.events.models import Event, FleetConfig, RecordedEvent, RunEnded, RunStarted
+from fleetledger.events.models import (
+    Event,
+    FleetConfig,
+    RecordedEvent,
+    RunEnded,
+    RunStarted,
+    datetime_from_us,
+)
 from fleetledger.events.schema import events, runs, snapshots
 
 T = TypeVar("T")
@@ -54,6 +61,11 @@ MAX_RUN_ID_LENGTH = 128
 
 def wall_clock_us() -> int:
     return time.time_ns() // 1_000
+
+
+def _iso_us(at_us: int) -> str:
+    """A stored stamp as the ISO 8601 UTC text the export and the CLI print."""
+    return datetime_from_us(at_us).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -166,6 +178,13 @@ class _Statements:
                 events.c.seq <= bindparam("hi"),
             )
             .order_by(events.c.seq),
+            dialect,
+        )
+        # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
+        self.time_of = _DriverStatement(
+            select(events.c.at_us).where(
+                events.c.run_id == bindparam("run"), events.c.seq == bindparam("seq")
+            ),
             dialect,
         )
 
@@ -556,6 +575,52 @@ class EventLog:
     ) -> Iterator[list[RecordedEvent]]:
         for page in self.read_stored(run, after_seq, to_seq):
             yield self.codec.decode_rows(run, page)
+
+    def seq_at(self, run: str, at_us: int) -> int:
+        """The last seq of ``run`` whose stored time is at or before ``at_us``.
+
+        What "the fleet at 10:25:43" means: every event recorded by then, none after.
+        Stamps never go backwards within a run (the appender takes the later of its
+        clock and the head's time), so the times are sorted by seq and a bisection over
+        seqs finds the answer in O(log n) primary-key lookups — no index on time, and
+        no scan of a million-event run. A time before the run's first event has no
+        answer: the error names the run and when it began.
+        """
+        statement = self._sql.time_of
+        with self._reading() as conn:
+            head = self._require_run(conn, run)
+            if at_us >= head.at_us:
+                return head.seq
+            cursor = conn.connection.driver_connection.cursor()
+            try:
+
+                def time_of(seq: int) -> int:
+                    cursor.execute(statement.sql, statement.params(run=run, seq=seq))
+                    row = cursor.fetchone()
+                    if row is None:
+                        raise LedgerError(
+                            f"run {run!r} has a head at seq {head.seq} but no seq {seq}: "
+                            "the ledger is damaged"
+                        )
+                    return int(row[0])
+
+                first_at = time_of(1)
+                if at_us < first_at:
+                    raise LedgerError(
+                        f"run {run!r} began at {_iso_us(first_at)} (seq 1); "
+                        f"{_iso_us(at_us)} is before its first event"
+                    )
+                # Invariant: time_of(lo) <= at_us < time_of(hi).
+                lo, hi = 1, head.seq
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if time_of(mid) <= at_us:
+                        lo = mid
+                    else:
+                        hi = mid
+                return lo
+            finally:
+                cursor.close()
 
     def event_ids(self, run: str) -> dict[int, str]:
         with self._reading() as conn:

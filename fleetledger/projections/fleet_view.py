@@ -59,6 +59,7 @@ class ProjectionError(ValueError):
 @dataclass(frozen=True, slots=True)
 class OpenRefit:
     seq: int
+    at_us: int  # when it started: a replay resumed mid-refit still dates it right
     weight_version: int
     shards: tuple[int, ...]
 
@@ -276,7 +277,7 @@ class FleetView:
 
     def _on_refit_started(self, e: RefitStarted, seq: int, at: int) -> list[Transition]:
         self._check_shards(seq, e, e.shards)
-        self.open_refit = OpenRefit(seq, e.weight_version, e.shards)
+        self.open_refit = OpenRefit(seq, at, e.weight_version, e.shards)
         return []
 
     def _on_refit_completed(self, e: RefitCompleted, seq: int, at: int) -> list[Transition]:
