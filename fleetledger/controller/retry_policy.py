@@ -1,0 +1,354 @@
+"""Retry policy for one rollout (REFERENCE §5), and a gather that cancels its siblings.
+
+``run_rollout`` runs attempts of one prompt until one succeeds or a budget runs out:
+
+- infrastructure failures (see ``failure_taxonomy``) are re-dispatched: each attempt
+  re-enters shard selection, which is what makes the retry land somewhere else, with
+  capped exponential backoff between attempts, within ``infra_attempts``;
+- data failures get ``data_attempts`` and no backoff (waiting cannot help a
+  deterministic failure; one retry is still worth taking because a shard under memory
+  pressure can return an empty generation that looks deterministic and is not);
+- on an exhausted data budget the run fails, unless a run-wide skip budget allows the
+  prompt to be skipped (and the consecutive-drop budget is not exceeded);
+- cancellation is never retried.
+
+It never returns anything but the generator's own result: every failure path raises.
+Story: a failed generation used to fall through into a reward-0.0 completion that was
+committed as a training row and silently shifted its group's GRPO baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Generic, NoReturn, TypeVar
+
+from fleetledger.controller.failure_taxonomy import (
+    Classification,
+    FailureKind,
+    classify_exception,
+)
+
+__all__ = [
+    "Attempt",
+    "DataBudgetExhausted",
+    "PromptSkipped",
+    "RedispatchExhausted",
+    "RetryPolicy",
+    "RolloutAbandoned",
+    "RolloutCounters",
+    "gather_cancelling_siblings",
+    "run_rollout",
+]
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Budgets for one prompt's attempts and the run-wide skip budget.
+
+    Defaults are the reference's: 5 infra attempts, 2 data attempts, backoff 1 s
+    doubling to at most 30 s, no skipping (an exhausted data budget fails the run,
+    because a genuinely deterministic failure is almost always a config bug, usually
+    the sequence length against the engine's context length).
+
+    ``max_consecutive_dropped`` caps a streak of skipped prompts (a success resets it);
+    0 means no streak cap, so the default stays inert and only ``max_skipped_prompts``
+    bounds skipping.
+    """
+
+    infra_attempts: int = 5
+    data_attempts: int = 2
+    backoff_base_s: float = 1.0
+    max_backoff_s: float = 30.0
+    max_skipped_prompts: int = 0
+    max_consecutive_dropped: int = 0
+
+    def __post_init__(self) -> None:
+        # A zero attempt budget would exit before the first attempt with nothing to
+        # raise; rejecting it is what lets every exit path be a success or an error.
+        if self.infra_attempts < 1:
+            raise ValueError(f"infra_attempts must be >= 1, got {self.infra_attempts}")
+        if self.data_attempts < 1:
+            raise ValueError(f"data_attempts must be >= 1, got {self.data_attempts}")
+        if self.backoff_base_s < 0:
+            raise ValueError(f"backoff_base_s must be >= 0, got {self.backoff_base_s}")
+        if self.max_backoff_s < self.backoff_base_s:
+            raise ValueError(
+                f"max_backoff_s ({self.max_backoff_s}) must be >= backoff_base_s "
+                f"({self.backoff_base_s})"
+            )
+        if self.max_skipped_prompts < 0:
+            raise ValueError(f"max_skipped_prompts must be >= 0, got {self.max_skipped_prompts}")
+        if self.max_consecutive_dropped < 0:
+            raise ValueError(
+                f"max_consecutive_dropped must be >= 0, got {self.max_consecutive_dropped}"
+            )
+
+    def backoff_s(self, infra_failures: int) -> float:
+        """Seconds to wait after the ``infra_failures``-th infra failure: base·2^(n-1), capped."""
+        if infra_failures < 1:
+            raise ValueError(f"infra_failures must be >= 1, got {infra_failures}")
+        # Cap the exponent before exponentiating so a long run cannot overflow a float.
+        exponent = min(infra_failures - 1, 64)
+        return min(self.backoff_base_s * (2.0**exponent), self.max_backoff_s)
+
+
+@dataclass
+class RolloutCounters:
+    """Run-wide rollout counters per reason, and the skip budgets' state.
+
+    A rising re-dispatch count is the only externally visible sign that the fleet is
+    degrading, so these are not optional bookkeeping: the watchdog publishes them.
+    Share one instance across every ``run_rollout`` of a run (the skip budget is
+    run-wide). Mutated only on the event loop, between awaits, so no lock is needed.
+    """
+
+    committed: int = 0
+    redispatched: Counter[str] = field(default_factory=Counter)
+    data_failures: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
+    exhausted: Counter[str] = field(default_factory=Counter)
+    cancelled: int = 0
+    consecutive_dropped: int = 0
+
+    @property
+    def skipped_total(self) -> int:
+        """Prompts skipped so far in this run (what the skip budget is spent on)."""
+        return sum(self.skipped.values())
+
+    def snapshot(self) -> dict[str, object]:
+        """A copy safe to hand to a metrics exporter or a log line."""
+        return {
+            "committed": self.committed,
+            "redispatched": dict(self.redispatched),
+            "data_failures": dict(self.data_failures),
+            "skipped": dict(self.skipped),
+            "exhausted": dict(self.exhausted),
+            "cancelled": self.cancelled,
+            "consecutive_dropped": self.consecutive_dropped,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt(Generic[S]):
+    """What one attempt is given: its shard and a group id no other attempt shares.
+
+    A fresh group id per attempt means a failed attempt's rows can never collide with
+    the retry's.
+    """
+
+    prompt_id: object
+    group_id: str
+    shard: S
+    number: int
+
+
+class PromptSkipped(Exception):
+    """The prompt's data budget ran out and the skip budget allowed dropping it.
+
+    Raised, not returned, so no placeholder can reach the buffer. The caller must
+    release whatever slot the prompt held: a skipped prompt never reaches the train
+    pump, which therefore will never release its backpressure permit (story: getting
+    this wrong leaks one slot per skipped prompt until the pump wedges).
+    """
+
+    def __init__(self, prompt_id: object, classification: Classification, attempts: int) -> None:
+        super().__init__(
+            f"prompt {prompt_id} skipped after {attempts} attempts ({classification.reason})"
+        )
+        self.prompt_id = prompt_id
+        self.classification = classification
+        self.attempts = attempts
+
+
+class RolloutAbandoned(Exception):
+    """A budget is exhausted and the run must fail; the last failure is the ``__cause__``."""
+
+    def __init__(
+        self, message: str, *, prompt_id: object, classification: Classification, attempts: int
+    ) -> None:
+        super().__init__(message)
+        self.prompt_id = prompt_id
+        self.classification = classification
+        self.attempts = attempts
+
+
+class RedispatchExhausted(RolloutAbandoned):
+    """The same infrastructure failure followed the prompt across every re-selection."""
+
+
+class DataBudgetExhausted(RolloutAbandoned):
+    """A data failure exhausted its budget and skipping was not allowed (``budget`` says why).
+
+    ``budget`` is ``"data"`` (skipping disabled), ``"skip"`` (run-wide skip budget
+    spent) or ``"consecutive"`` (too many prompts dropped in a row).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        budget: str,
+        prompt_id: object,
+        classification: Classification,
+        attempts: int,
+    ) -> None:
+        super().__init__(
+            message, prompt_id=prompt_id, classification=classification, attempts=attempts
+        )
+        self.budget = budget
+
+
+def _new_group_id() -> str:
+    return uuid.uuid4().hex
+
+
+async def run_rollout(
+    generate: Callable[[Attempt[S]], Awaitable[T]],
+    *,
+    select_shard: Callable[[], AbstractContextManager[S]],
+    policy: RetryPolicy,
+    counters: RolloutCounters,
+    prompt_id: object = None,
+    new_group_id: Callable[[], str] = _new_group_id,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+) -> T:
+    """Run one prompt's attempts under ``policy``; return the first success or raise.
+
+    Each attempt takes a fresh lease from ``select_shard()`` -- a context manager
+    yielding the shard, e.g. ``ShardSelector.acquire``; it may raise
+    ``NoHealthyShards``, which is infrastructure -- and awaits ``generate`` with a new
+    :class:`Attempt` inside it (a selector without leases: ``lambda:
+    contextlib.nullcontext(pick())``). Raises
+    :class:`RedispatchExhausted` or :class:`DataBudgetExhausted` (the run must fail),
+    :class:`PromptSkipped` (drop this prompt), or ``CancelledError`` unchanged.
+    ``sleep`` is injectable so tests observe the backoff without waiting.
+    """
+    infra_failures = 0
+    data_failures = 0
+    attempt_number = 0
+    while True:
+        attempt_number += 1
+        try:
+            # The lease is held for the whole attempt and released on every exit, so a
+            # failed or cancelled attempt cannot leak an in-flight count (which would
+            # bias selection away from a shard that is actually fine).
+            with select_shard() as shard:
+                result = await generate(
+                    Attempt(
+                        prompt_id=prompt_id,
+                        group_id=new_group_id(),
+                        shard=shard,
+                        number=attempt_number,
+                    )
+                )
+        except asyncio.CancelledError:
+            # Teardown must not look like a transient fault: counted, never retried.
+            counters.cancelled += 1
+            raise
+        except Exception as exc:
+            verdict = classify_exception(exc)
+            if verdict.kind is FailureKind.INFRA:
+                infra_failures += 1
+                if infra_failures >= policy.infra_attempts:
+                    counters.exhausted["infra"] += 1
+                    raise RedispatchExhausted(
+                        f"prompt {prompt_id}: {infra_failures} infrastructure failures "
+                        f"(last: {verdict.reason}) across {attempt_number} attempts",
+                        prompt_id=prompt_id,
+                        classification=verdict,
+                        attempts=attempt_number,
+                    ) from exc
+                counters.redispatched[verdict.reason] += 1
+                await sleep(policy.backoff_s(infra_failures))
+                continue
+            data_failures += 1
+            counters.data_failures[verdict.reason] += 1
+            if data_failures < policy.data_attempts:
+                continue
+            _skip_or_fail(exc, verdict, policy, counters, prompt_id, attempt_number)
+        else:
+            counters.committed += 1
+            counters.consecutive_dropped = 0
+            return result
+
+
+def _skip_or_fail(
+    exc: Exception,
+    verdict: Classification,
+    policy: RetryPolicy,
+    counters: RolloutCounters,
+    prompt_id: object,
+    attempts: int,
+) -> NoReturn:
+    """Decide an exhausted data budget: always raises (skip or fail the run)."""
+    budget: str | None = None
+    if policy.max_skipped_prompts == 0:
+        budget = "data"
+    elif counters.skipped_total >= policy.max_skipped_prompts:
+        budget = "skip"
+    elif (
+        policy.max_consecutive_dropped
+        and counters.consecutive_dropped >= policy.max_consecutive_dropped
+    ):
+        budget = "consecutive"
+    if budget is not None:
+        counters.exhausted[budget] += 1
+        raise DataBudgetExhausted(
+            f"prompt {prompt_id}: data failure {verdict.reason} after {attempts} attempts; "
+            f"{budget} budget exhausted (skipped {counters.skipped_total}/"
+            f"{policy.max_skipped_prompts}, consecutive {counters.consecutive_dropped}/"
+            f"{policy.max_consecutive_dropped or 'unbounded'})",
+            budget=budget,
+            prompt_id=prompt_id,
+            classification=verdict,
+            attempts=attempts,
+        ) from exc
+    counters.skipped[verdict.reason] += 1
+    counters.consecutive_dropped += 1
+    raise PromptSkipped(prompt_id, verdict, attempts) from exc
+
+
+async def gather_cancelling_siblings(*aws: Awaitable[T]) -> list[T]:
+    """Like ``asyncio.gather``, but a failure cancels and drains the siblings first.
+
+    Story: ``asyncio.gather`` propagates the first exception and leaves the other
+    awaitables running detached, so a failed group left N-1 generations running against
+    the fleet for a result already being discarded. (``asyncio.TaskGroup`` would cancel
+    them, but raises an ``ExceptionGroup``, which the taxonomy cannot see through.)
+
+    The first failure is re-raised unchanged once every sibling has finished. If this
+    task is itself cancelled while draining, the draining still completes and the
+    cancellation is then raised instead.
+    """
+    tasks = [asyncio.ensure_future(aw) for aw in aws]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        if await _drain(tasks):
+            raise asyncio.CancelledError from None
+        raise
+
+
+async def _drain(tasks: Sequence[asyncio.Future[T]]) -> bool:
+    """Wait until every task is done, even through cancellation; True if we were cancelled."""
+    pending = {task for task in tasks if not task.done()}
+    cancelled = False
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            cancelled = True
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # mark retrieved: no "exception was never retrieved" noise
+    return cancelled
