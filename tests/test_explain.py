@@ -564,3 +564,21 @@ def test_explain_refuses_a_seq_outside_the_run_and_an_unknown_run(
     unknown = cli("explain", "nope", "--db", url)
     assert unknown.exit_code == 2
     assert "no run 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_explain_at_a_time_answers_for_the_last_event_at_or_before_it(
+    ledger_with_snapshots: str,
+) -> None:
+    url = ledger_with_snapshots
+    with EventLog.open(url) as log:
+        records = list(log.read(RUN))
+    middle = records[len(records) // 2]
+    # Events stamped in the same microsecond share a time: the answer is the last of them.
+    last_at_that_time = max(r.seq for r in records if r.at_us <= middle.at_us)
+    when = middle.at.isoformat().replace("+00:00", "Z")
+    by_time = cli("explain", RUN, "0", "--at", when, "--json", "--db", url)
+    by_seq = cli("explain", RUN, "0", "--at", str(last_at_that_time), "--json", "--db", url)
+    assert by_time.exit_code == 0, by_time.stderr
+    assert json.loads(by_time.stdout) == json.loads(by_seq.stdout)
+    naive = cli("explain", RUN, "--at", when.rstrip("Z"), "--db", url)
+    assert naive.exit_code == 2 and "zone" in naive.stderr

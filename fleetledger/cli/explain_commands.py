@@ -1,4 +1,4 @@
-"""Command: ``fleetledger explain RUN [SHARD] [--at SEQ]`` (issue 3, forensics).
+"""Command: ``fleetledger explain RUN [SHARD] [--at SEQ|TIME]`` (issue 3, forensics).
 
 The words come from ``projections.explain`` (pure); this module does the I/O it needs:
 the view at ``--at`` (nearest snapshot + tail, the same answer ``membership --at``
@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log, out, print_json
+from fleetledger.cli.replay_commands import seq_for
 from fleetledger.controller.ledger import load_view
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
@@ -76,14 +77,16 @@ def explain(
         typer.Argument(help="Explain this shard's state; without it, explain the run."),
     ] = None,
     at: Annotated[
-        int | None, typer.Option("--at", metavar="SEQ", help="Explain as of this seq.")
+        str | None,
+        typer.Option("--at", metavar="SEQ|TIME", help="Explain as of this seq or ISO 8601 time."),
     ] = None,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Why a shard is in its state, or why the run ended / where its progress stopped."""
     with open_log(db) as log:
-        explanation = explain_from_log(log, run, shard, at)
+        seq = None if at is None else seq_for(log, run, at, "--at")
+        explanation = explain_from_log(log, run, shard, seq)
     if as_json:
         print_json(explanation.as_dict())
     else:
