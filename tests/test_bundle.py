@@ -413,3 +413,33 @@ def test_export_bundle_refusals_write_no_file(sqlite_url: str, tmp_path: Path) -
     with zipfile.ZipFile(io.BytesIO(good.read_bytes())) as archive:
         assert archive.testzip() is None  # every member's CRC checks out
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("ledger.db")] == ["run.zip"]
+
+
+@pytest.mark.parametrize("damage", ["encrypted flag", "unknown compression"])
+def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, damage):
+    """zipfile raises RuntimeError / NotImplementedError for these, not BadZipFile."""
+    import io
+    import zipfile
+
+    from fleetledger.events.bundle import read_import, write_bundle
+    from fleetledger.events.codec import EventCodec
+    from fleetledger.events.errors import LedgerError
+    from fleetledger.events.log import EventLog
+    from tests.builders import run_started
+
+    with EventLog.open(f"sqlite:///{tmp_path}/l.db") as log:
+        log.append("r", [run_started()])
+        write_bundle(tmp_path / "b.zip", "r", log.read_stored("r"), log.config("r"), {})
+    good = (tmp_path / "b.zip").read_bytes()
+    data = bytearray(good)
+    with zipfile.ZipFile(io.BytesIO(good)) as archive:
+        local = archive.getinfo("events.jsonl").header_offset
+    central = data.find(b"PK\x01\x02")  # events.jsonl is the archive's first member
+    if damage == "encrypted flag":
+        data[local + 6] |= 1
+        data[central + 8] |= 1
+    else:
+        data[local + 8 : local + 10] = (99).to_bytes(2, "little")
+        data[central + 10 : central + 12] = (99).to_bytes(2, "little")
+    with pytest.raises(LedgerError):
+        read_import(io.BytesIO(bytes(data)), "b.zip", EventCodec())

@@ -627,3 +627,27 @@ def test_a_writer_whose_remembered_head_is_stale_still_appends_gap_free(ledger_u
         with pytest.raises(AppendRejected, match="ended at seq 6"):
             first.append("shared", [ProbeSucceeded(shard=0)])
         assert [(r.seq, r.event.id) for r in second.read("shared")] == before
+
+
+def test_writer_connections_of_exited_threads_are_returned(sqlite_url):
+    """Each thread keeps a write connection; threads that exit must not drain the pool.
+
+    Before the fix the 15th short-lived thread waited 30 s for a pooled connection and
+    failed with a raw SQLAlchemy TimeoutError.
+    """
+    with EventLog.open(sqlite_url) as log:
+        log.append("threads", [run_started(shards=2)])
+        errors: list[BaseException] = []
+
+        def append_once(shard: int) -> None:
+            try:
+                log.append("threads", [ProbeSucceeded(shard=shard % 2)])
+            except BaseException as exc:  # reported below, with the thread's index
+                errors.append(exc)
+
+        for i in range(20):  # the pool holds 15: a leak makes the 16th wait, then fail
+            thread = threading.Thread(target=append_once, args=(i,))
+            thread.start()
+            thread.join()
+        assert errors == []
+        assert log.head("threads") == 21

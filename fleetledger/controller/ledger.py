@@ -17,6 +17,7 @@ from typing import Literal
 
 import structlog
 
+from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
@@ -140,7 +141,19 @@ class Ledger:
         """Append ``events`` in one transaction, then fold the log's tail into the view."""
         with self._lock:
             self.log.append(self.run, events)
-            return self.catch_up()
+            try:
+                return self.catch_up()
+            except LedgerError as exc:
+                # The events are committed: raising would invite a retry that records them
+                # again under fresh ids. The view stays a fold of a log prefix and catches
+                # up on the next call.
+                _log.warning(
+                    "events recorded; the view will catch up later",
+                    run=self.run,
+                    view_seq=self._view.seq,
+                    problem=str(exc),
+                )
+                return []
 
     def catch_up(self) -> list[Transition]:
         """Fold whatever the log holds after ``view.seq``; returns the state changes."""
@@ -162,7 +175,10 @@ class Ledger:
                     epoch=self._view.epoch,
                 )
             if self._view.seq - self._snapshot_seq >= self._snapshot_every:
-                self.save_snapshot()
+                try:
+                    self.save_snapshot()
+                except LedgerError as exc:  # a snapshot is an optimisation: never fail for it
+                    _log.warning("snapshot not saved", run=self.run, problem=str(exc))
             return transitions
 
     def save_snapshot(self) -> int:

@@ -63,8 +63,16 @@ MEMBERS = (MANIFEST, EVENTS, CONFIG, SUMMARY)
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 SNIFF_BYTES = 4
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# Everything zipfile and zlib raise for a truncated, corrupted or tampered archive.
-_ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, zipfile.LargeZipFile)
+# Everything zipfile and zlib raise for a truncated, corrupted or tampered archive
+# (RuntimeError: a member flagged encrypted; NotImplementedError: an unknown compression).
+_ARCHIVE_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    zipfile.LargeZipFile,
+    RuntimeError,
+    NotImplementedError,
+)
 
 
 class BundleError(LedgerError):

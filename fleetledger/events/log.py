@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, bindparam, func, insert, select
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.codec import EventCodec, StoredRow
@@ -55,6 +55,8 @@ from fleetledger.events.schema import events, runs, snapshots
 
 T = TypeVar("T")
 READ_PAGE = 20_000
+# Ids looked up per IN (...): well under SQLite's and PostgreSQL's bind-parameter limits.
+LOOKUP_CHUNK = 10_000
 RUN_ENDED = RunEnded.model_fields["type"].default
 MAX_RUN_ID_LENGTH = 128
 
@@ -219,7 +221,9 @@ class EventLog:
         # One write connection per thread, kept: checking one out of the pool for every
         # append cost more than the append's own SQL.
         self._writer = threading.local()
-        self._writers: list[Connection] = []
+        # Each kept connection with the thread that owns it: a thread that exits cannot
+        # close its own, so the next new writer closes those of dead threads.
+        self._writers: dict[Connection, threading.Thread] = {}
         self._writers_lock = threading.Lock()
 
     @classmethod
@@ -228,7 +232,7 @@ class EventLog:
 
     def close(self) -> None:
         with self._writers_lock:
-            writers, self._writers = self._writers, []
+            writers, self._writers = list(self._writers), {}
         for conn in writers:
             try:
                 conn.close()
@@ -315,10 +319,19 @@ class EventLog:
     def _write_connection(self) -> Connection:
         conn: Connection | None = getattr(self._writer, "conn", None)
         if conn is None or conn.closed or conn.invalidated:
+            with self._writers_lock:
+                orphans = [c for c, t in self._writers.items() if not t.is_alive()]
+                for orphan in orphans:
+                    del self._writers[orphan]
+            for orphan in orphans:  # owned by exited threads: never in a transaction
+                try:
+                    orphan.close()
+                except Exception:
+                    pass
             conn = self.database.write_connection()
             self._writer.conn = conn
             with self._writers_lock:
-                self._writers.append(conn)
+                self._writers[conn] = threading.current_thread()
         return conn
 
     def _drop_write_connection(self) -> None:
@@ -326,8 +339,7 @@ class EventLog:
         self._writer.conn = None
         if conn is not None:
             with self._writers_lock:
-                if conn in self._writers:
-                    self._writers.remove(conn)
+                self._writers.pop(conn, None)
             try:
                 conn.close()
             except Exception:  # the connection is being discarded anyway
@@ -335,7 +347,12 @@ class EventLog:
 
     def _transact(self, body: Callable[[Connection], T]) -> T:
         dbapi = self.database.engine.dialect.loaded_dbapi
-        conn = self._write_connection()
+        try:
+            conn = self._write_connection()
+        except DBAPIError as exc:
+            raise self._write_error(exc.orig or exc, False) from None
+        except SQLAlchemyError as exc:  # e.g. the pool's TimeoutError
+            raise self._write_error(exc, False) from None
         try:
             with conn.begin():
                 return body(conn)
@@ -404,13 +421,15 @@ class EventLog:
         stored: dict[str, int] = {}
         if lookup and head is not None:
             ids = [e.event.id for e in encoded]
-            stored = dict(
-                conn.execute(
-                    select(events.c.event_id, events.c.seq).where(
-                        events.c.run_id == run, events.c.event_id.in_(ids)
-                    )
-                ).all()
-            )
+            for at in range(0, len(ids), LOOKUP_CHUNK):
+                stored.update(
+                    conn.execute(
+                        select(events.c.event_id, events.c.seq).where(
+                            events.c.run_id == run,
+                            events.c.event_id.in_(ids[at : at + LOOKUP_CHUNK]),
+                        )
+                    ).all()
+                )
         fresh = [e for e in encoded if e.event.id not in stored] if stored else encoded
         if not fresh:
             return [stored[e.event.id] for e in encoded], None
