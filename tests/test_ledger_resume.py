@@ -123,3 +123,15 @@ def test_membership_at_a_past_seq_uses_an_earlier_snapshot_only(ledger_url) -> N
         _write_history(ledger)
         for seq in range(1, ledger.view.seq + 1):
             assert load_view(log, "past", seq) == fold(log.read("past", 0, seq)), seq
+
+
+def test_a_snapshot_whose_payload_disagrees_with_its_row_is_ignored(ledger_url) -> None:
+    with EventLog.open(ledger_url) as log:
+        ledger = Ledger.start(log, "misfiled", fleet_config(3))
+        _write_history(ledger)
+        head = ledger.view.seq
+        # The payload of the head's view filed under seq 3: trusting it would answer
+        # `--at 3` with the fleet as it was at the head.
+        log.save_snapshot("misfiled", PROJECTION_VERSION, 3, to_snapshot(ledger.view))
+        assert head > 3
+        assert load_view(log, "misfiled", 3) == fold(log.read("misfiled", 0, 3))

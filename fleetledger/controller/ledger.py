@@ -82,7 +82,12 @@ def load_view(log: EventLog, run: str, at_seq: int | None = None) -> FleetView:
     if stored is not None:
         try:
             view = from_snapshot(stored[1])
+            if (view.run, view.seq) != (run, stored[0]):
+                raise ProjectionError(
+                    f"its payload is of run {view.run!r} seq {view.seq}, stored as seq {stored[0]}"
+                )
         except ProjectionError as exc:
+            view = None
             _log.warning("snapshot ignored", run=run, seq=stored[0], problem=str(exc))
     return fold(log.read(run, view.seq if view else 0, target), into=view)
 
