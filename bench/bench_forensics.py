@@ -45,10 +45,13 @@ from bench_ledger import (
     RUN,
     build_replay_db,
     cached_head,
+    line,
+    note,
     print_profile,
     remove_db,
     replay_db_path,
     sqlite_url,
+    verdict,
 )
 
 from fleetledger.cli import app
@@ -62,18 +65,6 @@ from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, 
 
 TARGET_REPLAY_S = 3.0  # for 1,000,000 events
 TARGET_AT_MS = 100.0
-
-
-def line(section: str, label: str, value: str) -> None:
-    print(f"[{section}] {label:<54} {value}", flush=True)
-
-
-def note(text: str) -> None:
-    print(f"    {text}", flush=True)
-
-
-def verdict(ok: bool) -> str:
-    return "meets target" if ok else "MISSES target"
 
 
 class NullSink(io.TextIOBase):
