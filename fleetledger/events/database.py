@@ -32,7 +32,12 @@ from sqlalchemy import create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
-from fleetledger.events.errors import LedgerOpenError, MigrationRequired, UnknownRevision
+from fleetledger.events.errors import (
+    LedgerOpenError,
+    MigrationRequired,
+    UnknownRevision,
+    first_line,
+)
 
 DEFAULT_DB_URL = "sqlite:///fleetledger.db"
 DB_URL_ENV = "FLEETLEDGER_DB"
@@ -244,7 +249,7 @@ def _upgrade(conn: Connection) -> None:
 
 
 def _connect_error(url: URL, exc: DBAPIError) -> LedgerOpenError:
-    detail = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    detail = first_line(exc)
     shown = url.render_as_string(hide_password=True)
     if url.get_backend_name() == "sqlite":
         return LedgerOpenError(

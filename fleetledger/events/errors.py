@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """A driver error's first line: the part that says what happened, without the SQL."""
+    cause = getattr(exc, "orig", None) or exc
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
 class LedgerError(Exception):
     """Base of every error fleetledger raises on purpose."""
 

@@ -42,6 +42,7 @@ from fleetledger.events.errors import (
     LedgerReadError,
     LedgerWriteError,
     UnknownRun,
+    first_line,
 )
 from fleetledger.events.models import (
     Event,
@@ -195,6 +196,22 @@ class _Statements:
         if self.insert_events.order is not None:
             return rows
         return [dict(zip(INSERT_COLUMNS, row, strict=True)) for row in rows]
+
+
+@contextmanager
+def _driver_cursor(conn: Connection) -> Iterator[Any]:
+    """A cursor of the connection's driver, closed after use (see ``_DriverStatement``)."""
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
+
+def _fetch_one(conn: Connection, statement: _DriverStatement, **params: Any) -> Any:
+    with _driver_cursor(conn) as cursor:
+        cursor.execute(statement.sql, statement.params(**params))
+        return cursor.fetchone()
 
 
 class _Retry(Exception):
@@ -370,7 +387,7 @@ class EventLog:
             raise
 
     def _write_error(self, exc: BaseException, invalidated: bool) -> LedgerWriteError:
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        detail = first_line(exc)
         hint = ""
         if "readonly" in detail or "read-only" in detail:
             hint = " (the ledger is read-only)"
@@ -386,30 +403,22 @@ class EventLog:
         head = self._heads.get(run)
         if head is None:
             return None
-        lock = self._sql.lock_run
-        if lock is not None:
-            cursor = conn.connection.driver_connection.cursor()
-            try:
-                cursor.execute(lock.sql, lock.params(run=run))
-                cursor.fetchone()
-            finally:
-                cursor.close()
+        if self._sql.lock_run is not None:
+            _fetch_one(conn, self._sql.lock_run, run=run)
         return head
 
     def _head(self, conn: Connection, run: str, *, lock: bool) -> _Head | None:
         """The run's last event (None: no such run); with ``lock``, own the run's appends."""
-        sql = self._sql
-        cursor = conn.connection.driver_connection.cursor()
-        try:
-            if lock and sql.lock_run is not None:
-                cursor.execute(sql.lock_run.sql, sql.lock_run.params(run=run))
-                if cursor.fetchone() is None:
-                    return None
-            cursor.execute(sql.last_event.sql, sql.last_event.params(run=run))
-            row = cursor.fetchone()
-        finally:
-            cursor.close()
+        if lock and self._sql.lock_run is not None:
+            if _fetch_one(conn, self._sql.lock_run, run=run) is None:
+                return None
+        row = _fetch_one(conn, self._sql.last_event, run=run)
         return None if row is None else _Head(row[0], row[1], row[2] == RUN_ENDED)
+
+    def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        """Rows in ``INSERT_COLUMNS`` order, straight to the driver (one executemany)."""
+        with _driver_cursor(conn) as cursor:
+            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
 
     def _append_in(
         self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
@@ -447,13 +456,9 @@ class EventLog:
             (run, first + i, e.event.id, e.type, e.version, now, e.payload)
             for i, e in enumerate(fresh)
         ]
-        cursor = conn.connection.driver_connection.cursor()
-        try:
-            if head is None:
-                conn.execute(insert(runs).values(run_id=run, started_at_us=now))
-            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
-        finally:
-            cursor.close()
+        if head is None:
+            conn.execute(insert(runs).values(run_id=run, started_at_us=now))
+        self._insert_events(conn, rows)
         last = first + len(fresh) - 1
         new_head = _Head(last, now, isinstance(fresh[-1].event, RunEnded))
         if not stored:
@@ -498,20 +503,13 @@ class EventLog:
     def _config_in(self, conn: Connection, run: str) -> FleetConfig:
         config = self._configs.get(run)
         if config is None:
-            row = conn.execute(
-                select(
-                    events.c.seq,
-                    events.c.at_us,
-                    events.c.type,
-                    events.c.schema_version,
-                    events.c.payload,
-                ).where(events.c.run_id == run, events.c.seq == 1)
-            ).first()
+            row = _fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
             if row is None:
                 raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
-            started = self.codec.decode(run, 1, row.type, row.schema_version, row.payload)
+            _seq, _at_us, type_, version, payload = row
+            started = self.codec.decode(run, 1, type_, version, payload)
             if not isinstance(started, RunStarted):
-                raise EventDecodeError(run, 1, f"the first event is {row.type!r}, not run_started")
+                raise EventDecodeError(run, 1, f"the first event is {type_!r}, not run_started")
             config = self._configs[run] = started.config
         return config
 
@@ -525,8 +523,7 @@ class EventLog:
             with self.database.engine.connect() as conn:
                 yield conn
         except (DBAPIError, dbapi.Error) as exc:
-            cause = getattr(exc, "orig", None) or exc
-            detail = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            detail = first_line(exc)
             raise LedgerReadError(
                 f"{self.database.display_url}: read failed (is the ledger corrupted or "
                 f"truncated?): {detail}"
@@ -564,23 +561,19 @@ class EventLog:
         last = head.seq if to_seq is None else min(to_seq, head.seq)
         lo = after_seq
         page_sql = self._sql.page
-        with self._reading() as conn:
-            cursor = conn.connection.driver_connection.cursor()
-            try:
-                while lo < last:
-                    hi = min(lo + READ_PAGE, last)
-                    with cyclic_gc_paused():
-                        cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
-                        page = cursor.fetchall()
-                    if len(page) != hi - lo:
-                        raise LedgerError(
-                            f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} "
-                            "rows; the ledger is damaged"
-                        )
-                    yield page
-                    lo = hi
-            finally:
-                cursor.close()
+        with self._reading() as conn, _driver_cursor(conn) as cursor:
+            while lo < last:
+                hi = min(lo + READ_PAGE, last)
+                with cyclic_gc_paused():
+                    cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
+                    page = cursor.fetchall()
+                if len(page) != hi - lo:
+                    raise LedgerError(
+                        f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} "
+                        "rows; the ledger is damaged"
+                    )
+                yield page
+                lo = hi
 
     def read(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
@@ -610,36 +603,31 @@ class EventLog:
             head = self._require_run(conn, run)
             if at_us >= head.at_us:
                 return head.seq
-            cursor = conn.connection.driver_connection.cursor()
-            try:
 
-                def time_of(seq: int) -> int:
-                    cursor.execute(statement.sql, statement.params(run=run, seq=seq))
-                    row = cursor.fetchone()
-                    if row is None:
-                        raise LedgerError(
-                            f"run {run!r} has a head at seq {head.seq} but no seq {seq}: "
-                            "the ledger is damaged"
-                        )
-                    return int(row[0])
-
-                first_at = time_of(1)
-                if at_us < first_at:
+            def time_of(seq: int) -> int:
+                row = _fetch_one(conn, statement, run=run, seq=seq)
+                if row is None:
                     raise LedgerError(
-                        f"run {run!r} began at {_iso_us(first_at)} (seq 1); "
-                        f"{_iso_us(at_us)} is before its first event"
+                        f"run {run!r} has a head at seq {head.seq} but no seq {seq}: "
+                        "the ledger is damaged"
                     )
-                # Invariant: time_of(lo) <= at_us < time_of(hi).
-                lo, hi = 1, head.seq
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if time_of(mid) <= at_us:
-                        lo = mid
-                    else:
-                        hi = mid
-                return lo
-            finally:
-                cursor.close()
+                return int(row[0])
+
+            first_at = time_of(1)
+            if at_us < first_at:
+                raise LedgerError(
+                    f"run {run!r} began at {_iso_us(first_at)} (seq 1); "
+                    f"{_iso_us(at_us)} is before its first event"
+                )
+            # Invariant: time_of(lo) <= at_us < time_of(hi).
+            lo, hi = 1, head.seq
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if time_of(mid) <= at_us:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
 
     def event_ids(self, run: str) -> dict[int, str]:
         with self._reading() as conn:
@@ -683,19 +671,13 @@ class EventLog:
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
             conn.execute(insert(runs).values(run_id=run, started_at_us=rows[0].at_us))
-            cursor = conn.connection.driver_connection.cursor()
-            try:
-                cursor.executemany(
-                    self._sql.insert_events.sql,
-                    self._sql.insert_rows(
-                        [
-                            (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload)
-                            for r in rows
-                        ]
-                    ),
-                )
-            finally:
-                cursor.close()
+            self._insert_events(
+                conn,
+                [
+                    (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload)
+                    for r in rows
+                ],
+            )
             return []
 
         try:
