@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import FleetConfig, ShardOutcomes
+from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
 from fleetledger.projections.shard_states import Transition
 
 DEMO_SHARDS = 4
@@ -65,6 +65,11 @@ def run_demo(log: EventLog, run: str) -> Iterator[tuple[Ledger, DemoStep]]:
                 ShardOutcomes(shard=0, successes=12),
                 ShardOutcomes(shard=1, successes=11),
                 ShardOutcomes(shard=3, successes=12),
+                # Already DEAD: the fold records nothing more for it, but the log keeps it.
+                ShardOutcomes(
+                    shard=2,
+                    failures=(FailureCount(category="infra", reason="ConnectionRefused", count=4),),
+                ),
             ],
         ),
     )
