@@ -44,7 +44,7 @@ from fleetledger.events.models import (
     WeightsMarkedPartial,
 )
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
-from fleetledger.projections.shard_states import Transition
+from fleetledger.projections.shard_states import ShardState, Transition
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
@@ -69,6 +69,46 @@ class ProbeResult:
         if self.kind == "died":
             return ActorDeathConfirmed(shard=shard, error=self.error)
         return ProbeFailed(shard=shard, kind=self.kind, error=self.error)
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A consistent read of the live view for other threads (selector, metrics, pumps).
+
+    The view is folded in place under the ledger's lock; a reader in another thread that
+    walked it mid-batch could see half a probe round. This copy is rebuilt under the lock
+    after every fold that applied something and swapped in whole.
+    """
+
+    seq: int
+    epoch: int
+    serving: tuple[int, ...]
+    absent: tuple[int, ...]
+    suspected: tuple[int, ...]
+    states: tuple[str, ...]
+    weight_versions: tuple[int, ...]
+    restart_attempts: tuple[int, ...]
+    ended: bool
+
+    @classmethod
+    def of(cls, view: FleetView) -> Membership:
+        return cls(
+            seq=view.seq,
+            epoch=view.epoch,
+            serving=view.serving,
+            absent=view.absent,
+            suspected=view.suspected,
+            states=tuple(r.state.value for r in view.shards),
+            weight_versions=tuple(r.weight_version for r in view.shards),
+            restart_attempts=tuple(r.restart_attempts for r in view.shards),
+            ended=view.ended is not None,
+        )
+
+    def counts(self) -> dict[str, int]:
+        counts = {state.value: 0 for state in ShardState}
+        for state in self.states:
+            counts[state] += 1
+        return counts
 
 
 def load_view(log: EventLog, run: str, at_seq: int | None = None) -> FleetView:
@@ -111,6 +151,7 @@ class Ledger:
         self._snapshot_every = snapshot_every
         self._snapshot_seq = view.seq
         self._lock = threading.RLock()
+        self._membership = Membership.of(view)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -138,7 +179,18 @@ class Ledger:
 
     @property
     def view(self) -> FleetView:
+        """The live view. Folded in place: read it from the thread that records, or hold
+        :attr:`lock`; other threads read :attr:`membership`."""
         return self._view
+
+    @property
+    def membership(self) -> Membership:
+        """A consistent copy of serving/absent/states, safe to read from any thread."""
+        return self._membership
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
 
     # ── the one way in ──────────────────────────────────────────────────────
 
@@ -164,9 +216,12 @@ class Ledger:
         """Fold whatever the log holds after ``view.seq``; returns the state changes."""
         with self._lock:
             transitions: list[Transition] = []
+            before = self._view.seq
             for page in self.log.read_pages(self.run, self._view.seq):
                 for recorded in page:
                     transitions += self._view.apply(recorded)
+            if self._view.seq != before:
+                self._membership = Membership.of(self._view)
             for t in transitions:
                 _log.info(
                     "shard transition",
@@ -199,6 +254,11 @@ class Ledger:
     def record_probes(self, results: Mapping[int, ProbeResult]) -> list[Transition]:
         """A whole probe round, as one batch, in shard order."""
         return self.record([results[shard].as_event(shard) for shard in sorted(results)])
+
+    def actor_died(self, shard: int, error: str) -> list[Transition]:
+        """The runtime said the shard's process is gone (seen outside a probe, e.g. by a
+        rollout whose call raised ``ActorDiedError``): conclusive, no counting."""
+        return self.record([ActorDeathConfirmed(shard=shard, error=error[:4096])])
 
     def report_outcomes(self, adapter: str, outcomes: Iterable[ShardOutcomes]) -> list[Transition]:
         """One adapter's window: successes and failures per shard, handed over together."""

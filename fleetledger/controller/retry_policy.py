@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
 
+from fleetledger.controller.config import RolloutFailureConfig
 from fleetledger.controller.failure_taxonomy import (
     Classification,
     FailureKind,
@@ -90,6 +91,18 @@ class RetryPolicy:
             raise ValueError(
                 f"max_consecutive_dropped must be >= 0, got {self.max_consecutive_dropped}"
             )
+
+    @classmethod
+    def from_config(cls, config: RolloutFailureConfig) -> RetryPolicy:
+        """The policy a run's ``rollout_failure`` section asks for (validated there)."""
+        return cls(
+            infra_attempts=config.max_infra_attempts,
+            data_attempts=config.max_data_attempts,
+            backoff_base_s=config.backoff_base_s,
+            max_backoff_s=config.max_backoff_s,
+            max_skipped_prompts=config.max_skipped_prompts,
+            max_consecutive_dropped=config.max_consecutive_dropped_prompts,
+        )
 
     def backoff_s(self, infra_failures: int) -> float:
         """Seconds to wait after the ``infra_failures``-th infra failure: base·2^(n-1), capped."""

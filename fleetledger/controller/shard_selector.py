@@ -66,8 +66,11 @@ class ShardSelector:
 
     @classmethod
     def for_ledger(cls, ledger: Ledger) -> ShardSelector:
-        """Select over a ledger's live view (which folds events from other processes too)."""
-        return cls(lambda: ledger.view)
+        """Select over a ledger's membership (which folds events from other processes too).
+
+        Reads the ledger's consistent copy, not the view being folded in another thread.
+        """
+        return cls(lambda: ledger.membership)
 
     # ── selection ───────────────────────────────────────────────────────────
 

@@ -1,0 +1,108 @@
+"""``fleetledger simulate``: the live controller on a local Ray cluster, with optional chaos."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+
+from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
+from fleetledger.cli.ledger_commands import membership
+from fleetledger.cli.replay_commands import CommandLineError, replay
+
+
+@app.command()
+@cli_errors
+def simulate(
+    shards: Annotated[int, typer.Option(help="Generation shards (Ray actors).")] = 4,
+    steps: Annotated[int, typer.Option(help="Train steps; one refit after each.")] = 5,
+    groups: Annotated[int, typer.Option(help="Rollout groups per step.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Rollouts per group.")] = 4,
+    generation_ms: Annotated[float, typer.Option(help="Time one generation takes.")] = 50.0,
+    kill: Annotated[
+        list[str] | None,
+        typer.Option(metavar="SHARD@STEP", help="SIGKILL a shard while a step's rollouts run."),
+    ] = None,
+    freeze: Annotated[
+        list[str] | None,
+        typer.Option(metavar="SHARD@STEP", help="SIGSTOP a shard while a step's rollouts run."),
+    ] = None,
+    restart: Annotated[
+        bool, typer.Option("--restart/--no-restart", help="Restart dead shards through Ray.")
+    ] = False,
+    probe_interval: Annotated[float, typer.Option(help="Seconds between probe rounds.")] = 0.5,
+    probe_timeout: Annotated[float, typer.Option(help="Bound of one probe round.")] = 0.25,
+    run: Annotated[str | None, typer.Option(help="Run id [default: sim-<time>-<random>].")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+    ] = None,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run an asynchronous RL loop on a local Ray cluster, recorded in the ledger.
+
+    A trainer actor steps, simulated generation shards serve rollouts through the
+    least-outstanding selector, a refit follows every step, the controller probes and
+    watches; then the run's membership and replay are printed.
+    """
+    try:
+        from fleetledger.controller.simulation import (
+            SimulationSpec,
+            parse_chaos,
+            run_simulation,
+            simulation_config,
+        )
+    except ImportError as exc:
+        raise CommandLineError(
+            f"simulate needs Ray ({exc.name} is not installed): pip install 'fleetledger[ray]'"
+        ) from None
+    try:
+        chaos = tuple(
+            [parse_chaos("kill", s) for s in kill or []]
+            + [parse_chaos("freeze", s) for s in freeze or []]
+        )
+        spec = SimulationSpec(
+            shards=shards,
+            steps=steps,
+            groups_per_step=groups,
+            group_size=group_size,
+            generation_s=generation_ms / 1000.0,
+            chaos=chaos,
+            config=simulation_config(
+                probe_interval_s=probe_interval,
+                probe_timeout_s=probe_timeout,
+                restart_dead_shards=restart,
+            ),
+            run=run,
+            metrics_port=metrics_port,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise CommandLineError(problems) from None
+    except ValueError as exc:
+        raise CommandLineError(str(exc)) from None
+
+    with open_log(db) as log:
+        echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
+        result = run_simulation(log, spec, echo)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "run": result.run,
+                    "outcome": result.outcome,
+                    "cause": result.cause,
+                    "steps_done": result.steps_done,
+                    "rollouts": result.counters,
+                }
+            )
+        )
+        return
+    typer.echo("")
+    membership(result.run, db=db)
+    typer.echo("")
+    replay(result.run, db=db)

@@ -1,0 +1,237 @@
+"""The live controller of one run: probe pump, stall watchdog, restarts, metrics.
+
+Everything it decides goes through the :class:`Ledger` before it acts (DESIGN rule 1):
+a restart is ``restart_requested`` before the actor is replaced, a replacement is
+``replacement_loaded`` (STALE — it holds start-up weights) only once it answers, an
+abandoned run is ``run_ended`` with its cause. Its threads are daemons and every loop
+survives a ledger error (logged), because a pump that dies silently leaves exactly the
+wedged, unexplained run this project exists to remove.
+
+A controller that dies is started again on the same database with
+:meth:`Ledger.resume` and the same fleet: the states and epoch come from the log, and
+probing carries on from there.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from fleetledger.controller.config import ControllerConfig
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.metrics import FleetMetrics, ProgressSample
+from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRound
+from fleetledger.controller.stall_watchdog import StallWatchdog, TickDecision
+from fleetledger.events.errors import LedgerError
+from fleetledger.projections.shard_states import ShardState
+
+__all__ = ["FleetController", "RestartableFleet", "TrainingProgress"]
+
+_log = structlog.get_logger("fleetledger.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingProgress:
+    """What the training loop reports to the watchdog on each tick."""
+
+    committed_groups: int
+    train_steps: int
+    in_flight: int
+    work_remains: bool
+
+
+class RestartableFleet(Prober, Protocol):
+    def restart(self, shard: int, *, ready_timeout_s: float) -> None: ...
+
+
+class FleetController:
+    """Runs the probe pump, the watchdog and the restarter of one run on daemon threads."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        fleet: RestartableFleet,
+        config: ControllerConfig,
+        *,
+        progress: Callable[[], TrainingProgress],
+        rollouts: Callable[[], Mapping[str, object]] | None = None,
+        on_halt: Callable[[str], None] | None = None,
+        restart_ready_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.fleet = fleet
+        self.config = config
+        self._progress = progress
+        self._on_halt = on_halt
+        self._restart_ready_timeout_s = restart_ready_timeout_s
+        self.pump = ProbePump(ledger, fleet, config.fleet_health, after_round=self._after_round)
+        self.watchdog = StallWatchdog(ledger, config.watchdog, now=clock)
+        self.metrics = FleetMetrics(
+            ledger.run, lambda: ledger.membership, rollouts=rollouts, progress=self.progress_sample
+        )
+        self.halted: str | None = None
+        self._last_sample = ProgressSample()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._restarts: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._restarting: set[int] = set()
+        self._restart_lock = threading.Lock()
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    def start(self) -> FleetController:
+        health, watchdog = self.config.fleet_health, self.config.watchdog
+        if health.enabled:
+            self._threads.append(self.pump.start(self._stop))
+        if watchdog.enabled:
+            self._threads.append(self._spawn(self._watchdog_loop, "watchdog"))
+        if health.enabled and health.restart_dead_shards:
+            self._threads.append(self._spawn(self._restart_loop, "restarter"))
+            self.queue_restarts()  # a resumed controller picks up shards that died meanwhile
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._restarts.put(None)
+        for thread in self._threads:
+            thread.join(timeout_s)
+        self._threads.clear()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=f"{name}-{self.ledger.run}", daemon=True)
+        thread.start()
+        return thread
+
+    # ── ending the run ──────────────────────────────────────────────────────
+
+    def end_run_failed(self, cause: str) -> str:
+        """End the run as failed; an exhausted fleet is the cause when it is one.
+
+        A rollout that runs out of shards fails with "no healthy shards"; the truer
+        cause — the fleet fell below its floor — is recorded instead when it holds.
+        Returns the cause recorded (or the one already recorded if the run had ended).
+        """
+        with self.ledger.lock:
+            self.ledger.catch_up()
+            view = self.ledger.view
+            if view.ended is not None:
+                return view.ended.cause
+            exhaustion = view.exhaustion()
+            if exhaustion is not None and not self.watchdog.is_recovering:
+                cause = exhaustion.describe()
+                self.ledger.declare_exhausted()
+            self.ledger.end_run("failed", cause)
+        self._halt(cause)
+        return cause
+
+    def _halt(self, cause: str) -> None:
+        if self.halted is None:
+            self.halted = cause
+            _log.error("run halted", run=self.ledger.run, cause=cause)
+            if self._on_halt is not None:
+                self._on_halt(cause)
+
+    # ── watchdog ────────────────────────────────────────────────────────────
+
+    def progress_sample(self) -> ProgressSample:
+        return self._last_sample
+
+    def tick_watchdog(self) -> TickDecision:
+        """One watchdog tick with the training loop's current progress."""
+        p = self._progress()
+        decision = self.watchdog.tick(
+            committed_groups=p.committed_groups,
+            train_steps=p.train_steps,
+            in_flight=p.in_flight,
+            work_remains=p.work_remains,
+        )
+        self._last_sample = ProgressSample(
+            p.committed_groups, p.train_steps, p.in_flight, decision.idle_s
+        )
+        if decision.action == "exhausted":
+            self._halt(decision.cause)
+        elif decision.action == "abort" and decision.stall_recorded:
+            with self.ledger.lock:
+                if self.ledger.view.ended is None:
+                    self.ledger.end_run("aborted", decision.cause)
+            self._halt(decision.cause)
+        elif decision.action == "warn" and decision.stall_recorded:
+            _log.warning("stall", run=self.ledger.run, cause=decision.cause)
+        return decision
+
+    def _watchdog_loop(self) -> None:
+        interval = self.config.watchdog.interval_s
+        while not self._stop.wait(interval):
+            try:
+                if self.tick_watchdog().action == "ended":
+                    return
+            except LedgerError as exc:
+                _log.error("watchdog tick not recorded", run=self.ledger.run, problem=str(exc))
+
+    # ── restarts ────────────────────────────────────────────────────────────
+
+    def _after_round(self, probe_round: ProbeRound) -> None:
+        health = self.config.fleet_health
+        if probe_round.transitions and health.restart_dead_shards:
+            self.queue_restarts()
+
+    def queue_restarts(self) -> list[int]:
+        """Queue every DEAD shard not already being restarted; returns the ones queued."""
+        queued = []
+        with self._restart_lock:
+            for shard, state in enumerate(self.ledger.membership.states):
+                if state == ShardState.DEAD.value and shard not in self._restarting:
+                    self._restarting.add(shard)
+                    self._restarts.put(shard)
+                    queued.append(shard)
+        return queued
+
+    def _restart_loop(self) -> None:
+        while True:
+            shard = self._restarts.get()
+            if shard is None or self._stop.is_set():
+                return
+            try:
+                self.restart(shard)
+            except LedgerError as exc:
+                _log.error(
+                    "restart not recorded", run=self.ledger.run, shard=shard, problem=str(exc)
+                )
+            finally:
+                with self._restart_lock:
+                    self._restarting.discard(shard)
+            if self.ledger.membership.states[shard] == ShardState.DEAD.value:
+                self._stop.wait(self.config.fleet_health.probe_interval_s)  # one try per interval
+                self.queue_restarts()
+
+    def restart(self, shard: int) -> str:
+        """Restart one DEAD shard, recording each step; returns the state it ends in.
+
+        ``restart_requested`` first (past the budget the fold retires the shard and no
+        actor is touched); then the replacement; ``replacement_loaded`` puts it in STALE
+        — it serves again only once a refit that includes it completes.
+        """
+        with self.ledger.lock:
+            self.ledger.catch_up()
+            if self.ledger.view.ended is not None:
+                return self.ledger.membership.states[shard]
+            if self.ledger.view.state_of(shard) is not ShardState.DEAD:
+                return self.ledger.view.state_of(shard).value
+            self.ledger.restart_requested(shard)
+            if self.ledger.view.state_of(shard) is ShardState.RETIRED:
+                _log.warning("shard retired", run=self.ledger.run, shard=shard)
+                return ShardState.RETIRED.value
+        try:
+            self.fleet.restart(shard, ready_timeout_s=self._restart_ready_timeout_s)
+        except Exception as exc:  # any failure to bring it up is recorded, then retried
+            self.ledger.restart_failed(shard, f"{type(exc).__name__}: {exc}"[:4096])
+            return self.ledger.membership.states[shard]
+        self.ledger.replacement_loaded(shard)
+        return self.ledger.membership.states[shard]

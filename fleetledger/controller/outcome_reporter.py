@@ -1,0 +1,226 @@
+"""The adapters' way in: windows of (successes, failures) per shard, from any process.
+
+A routing adapter (an HTTP router, a rollout worker in another Ray actor) sees what the
+probes cannot: generations that time out on an engine that still answers probes. It
+counts outcomes per shard into a window and hands the window over as one
+``outcome_window_reported`` event, appended straight to the run's log — the controller
+folds it in when it next reads the tail. Nothing goes through the controller's process,
+so an adapter in another actor or on another host (PostgreSQL) reports the same way.
+
+Successes and failures of a window travel together, and the fold applies the
+successes first. Story: the reference once drained them apart, windows interleaved, and
+a healthy shard with three transport blips days apart was eventually condemned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetledger.controller.failure_taxonomy import (
+    Classification,
+    FailureKind,
+    classify_exception,
+    classify_http_status,
+)
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
+
+__all__ = ["OutcomeReporter", "OutcomeWindow"]
+
+
+@dataclass
+class _ShardTally:
+    successes: int = 0
+    failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+
+class OutcomeWindow:
+    """One adapter's outcomes per shard since the last hand-over. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tallies: dict[int, _ShardTally] = {}
+
+    def success(self, shard: int, count: int = 1) -> None:
+        _check_shard(shard)
+        if count < 1:
+            raise ValueError(f"shard {shard}: a success count must be >= 1, got {count}")
+        with self._lock:
+            self._tallies.setdefault(shard, _ShardTally()).successes += count
+
+    def failure(
+        self,
+        shard: int,
+        error: BaseException | None = None,
+        *,
+        status: int | None = None,
+        detail: str | None = None,
+    ) -> Classification:
+        """Count one failure, classified by the taxonomy; returns the classification.
+
+        Give the exception the adapter caught, or the HTTP status (and body text) it got.
+        A cancellation is not the shard's fault and is not counted.
+        """
+        _check_shard(shard)
+        if (error is None) == (status is None):
+            raise ValueError(f"shard {shard}: give exactly one of error= or status= for a failure")
+        verdict = (
+            classify_exception(error)
+            if error is not None
+            else classify_http_status(status or 0, detail)
+        )
+        if verdict.kind is FailureKind.CANCELLED:
+            return verdict
+        with self._lock:
+            tally = self._tallies.setdefault(shard, _ShardTally())
+            tally.failures[(verdict.kind.value, verdict.reason)] += 1
+        return verdict
+
+    def restore_failure(self, shard: int, failure: FailureCount) -> None:
+        """Put back a failure taken by :meth:`take` whose hand-over failed."""
+        with self._lock:
+            tally = self._tallies.setdefault(shard, _ShardTally())
+            tally.failures[(failure.category, failure.reason)] += failure.count
+
+    def take(self) -> tuple[ShardOutcomes, ...]:
+        """Drain the window: everything counted so far, per shard in shard order."""
+        with self._lock:
+            tallies, self._tallies = self._tallies, {}
+        return tuple(
+            ShardOutcomes(
+                shard=shard,
+                successes=tally.successes,
+                failures=tuple(
+                    FailureCount(category=category, reason=reason[:4096], count=count)  # type: ignore[arg-type]
+                    for (category, reason), count in sorted(tally.failures.items())
+                ),
+            )
+            for shard, tally in sorted(tallies.items())
+        )
+
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._tallies)
+
+
+def _check_shard(shard: int) -> None:
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
+        raise ValueError(f"shard must be a non-negative int, got {shard!r}")
+
+
+class OutcomeReporter:
+    """An adapter's handle on a run's log: count outcomes, hand windows over.
+
+    Picklable — it carries only the database URL, the run and the adapter's name, and
+    opens its own connection where it is used — so it can be passed to a Ray actor.
+    A window is handed over by :meth:`flush`, and by the next :meth:`success` /
+    :meth:`failure` once it is older than ``window_s``. Close it (or use it as a context
+    manager) to hand over the last window.
+    """
+
+    def __init__(
+        self,
+        db_url: str,
+        run: str,
+        adapter: str,
+        *,
+        window_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not adapter:
+            raise ValueError("adapter must name the reporting adapter (it is recorded)")
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.db_url = db_url
+        self.run = run
+        self.adapter = adapter
+        self.window_s = window_s
+        self._clock = clock
+        self._setup()
+
+    def _setup(self) -> None:
+        self._window = OutcomeWindow()
+        self._opened_at = self._clock()
+        self._log: EventLog | None = None
+        self._flush_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "db_url": self.db_url,
+            "run": self.run,
+            "adapter": self.adapter,
+            "window_s": self.window_s,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._clock = time.monotonic
+        self._setup()
+
+    def success(self, shard: int, count: int = 1) -> None:
+        self._window.success(shard, count)
+        self._flush_if_due()
+
+    def failure(
+        self,
+        shard: int,
+        error: BaseException | None = None,
+        *,
+        status: int | None = None,
+        detail: str | None = None,
+    ) -> Classification:
+        verdict = self._window.failure(shard, error, status=status, detail=detail)
+        self._flush_if_due()
+        return verdict
+
+    def flush(self) -> int | None:
+        """Append the window as one event; returns its seq, or None if it was empty.
+
+        On an error the window's outcomes are put back, so a failed hand-over loses
+        nothing and the next flush carries them.
+        """
+        with self._flush_lock:
+            self._opened_at = self._clock()
+            outcomes = self._window.take()
+            if not outcomes:
+                return None
+            try:
+                if self._log is None:
+                    self._log = EventLog.open(self.db_url)
+                seqs = self._log.append(
+                    self.run, [OutcomeWindowReported(adapter=self.adapter, outcomes=outcomes)]
+                )
+            except BaseException:
+                self._restore(outcomes)
+                raise
+            return seqs[0]
+
+    def _restore(self, outcomes: tuple[ShardOutcomes, ...]) -> None:
+        for o in outcomes:
+            if o.successes:
+                self._window.success(o.shard, o.successes)
+            for f in o.failures:
+                self._window.restore_failure(o.shard, f)
+
+    def _flush_if_due(self) -> None:
+        if self._clock() - self._opened_at >= self.window_s:
+            self.flush()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    def __enter__(self) -> OutcomeReporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,117 @@
+"""The probe pump: every ``probe_interval_s``, probe the serving shards and record the round.
+
+A round probes every serving shard concurrently and is bounded as a whole by
+``probe_timeout_s`` (``probe_timeout_s < probe_interval_s`` is a validator), so one
+frozen engine — which Ray never reports — costs one timeout, not one timeout per shard,
+whatever the fleet size. The whole round is appended as one batch, in shard order.
+
+Only serving shards are probed (REFERENCE §6): a DEAD, RESTARTING or STALE shard ignores
+probe successes anyway, and a RETIRED one never moves again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from fleetledger.controller.config import FleetHealthConfig
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.events.errors import LedgerError
+from fleetledger.projections.shard_states import Transition
+
+__all__ = ["ProbePump", "ProbeRound", "Prober"]
+
+_log = structlog.get_logger("fleetledger.probe")
+
+
+class Prober(Protocol):
+    """Probes shards concurrently; the call returns within ``timeout_s`` (plus overhead)."""
+
+    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]: ...
+
+
+@dataclass(frozen=True)
+class ProbeRound:
+    """What one round probed, what it saw and what the ledger made of it."""
+
+    probed: tuple[int, ...]
+    results: Mapping[int, ProbeResult]
+    transitions: tuple[Transition, ...]
+    elapsed_s: float
+
+
+class ProbePump:
+    """Runs probe rounds against one run's fleet, on a thread of its own or one at a time."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        prober: Prober,
+        config: FleetHealthConfig,
+        *,
+        after_round: Callable[[ProbeRound], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ledger = ledger
+        self._prober = prober
+        self._config = config
+        self._after_round = after_round
+        self._clock = clock
+        self.rounds = 0
+
+    def probe_round(self) -> ProbeRound:
+        """Probe every serving shard once and record the round as one batch."""
+        started = self._clock()
+        # Other processes may have condemned or re-admitted shards: fold their events
+        # before choosing whom to probe.
+        self._ledger.catch_up()
+        membership = self._ledger.membership
+        if membership.ended:
+            return ProbeRound((), {}, (), 0.0)
+        shards = membership.serving
+        results = dict(self._prober.probe(shards, self._config.probe_timeout_s)) if shards else {}
+        unknown = set(results) - set(shards)
+        if unknown:
+            raise ValueError(f"the prober answered for shards it was not asked about: {unknown}")
+        missing = set(shards) - set(results)
+        for shard in missing:  # a prober that drops a shard must not make it look fine
+            results[shard] = ProbeResult("error", "the prober returned no result for this shard")
+        transitions = tuple(self._ledger.record_probes(results)) if results else ()
+        self.rounds += 1
+        probe_round = ProbeRound(shards, results, transitions, self._clock() - started)
+        if self._after_round is not None:
+            self._after_round(probe_round)
+        return probe_round
+
+    def run(self, stop: threading.Event) -> None:
+        """Probe every ``probe_interval_s`` until ``stop`` is set or the run ends.
+
+        Rounds start on a fixed cadence (a slow round shortens the wait, it does not
+        shift every later round). A ledger error is logged and the next round tried:
+        a probe pump that dies silently is the failure this project exists to remove.
+        """
+        interval = self._config.probe_interval_s
+        next_at = self._clock()
+        while not stop.is_set():
+            try:
+                if self.probe_round().probed == () and self._ledger.membership.ended:
+                    return
+            except LedgerError as exc:
+                _log.error("probe round not recorded", run=self._ledger.run, problem=str(exc))
+            next_at += interval
+            now = self._clock()
+            if next_at < now:  # fell behind (a stopped process, a slow disk): skip, don't burst
+                next_at = now
+            stop.wait(next_at - now)
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(
+            target=self.run, args=(stop,), name=f"probe-pump-{self._ledger.run}", daemon=True
+        )
+        thread.start()
+        return thread

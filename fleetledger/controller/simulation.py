@@ -1,0 +1,401 @@
+"""``fleetledger simulate``: an asynchronous RL loop on a local Ray cluster, with chaos.
+
+A trainer actor steps; N simulated generation shards serve rollouts through the
+least-outstanding selector under the retry policy; after every step a refit pushes the
+new weight version to every shard that is not absent; the live controller probes,
+watches for stalls and (optionally) restarts dead shards. Everything lands in the
+ledger, so the run can be replayed and explained afterwards like any real one.
+
+The refit here is a placeholder until the transports land (issue 5): each participant is
+told its new version in one bounded call, not a collective. A participant that does not
+acknowledge is left out of ``refit_completed`` (it keeps its old version and state) and a
+confirmed death is recorded; aborting and recovering a collective refit is the
+transports' job.
+
+Chaos: ``kill`` SIGKILLs a shard's process and ``freeze`` SIGSTOPs it while the given
+step's rollouts are in flight (halfway through one generation time), so a kill lands on
+a shard that is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import ray
+
+from fleetledger.controller.config import ControllerConfig
+from fleetledger.controller.deadlines import RolloutDeadlines
+from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.outcome_reporter import OutcomeWindow
+from fleetledger.controller.ray_fleet import (
+    RayShardFleet,
+    actor_death_of,
+    local_ray,
+    simulated_shard_factory,
+)
+from fleetledger.controller.retry_policy import (
+    Attempt,
+    PromptSkipped,
+    RetryPolicy,
+    RolloutAbandoned,
+    RolloutCounters,
+    gather_cancelling_siblings,
+    run_rollout,
+)
+from fleetledger.controller.shard_selector import ShardSelector
+from fleetledger.events.log import EventLog
+
+__all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_simulation"]
+
+ADAPTER = "simulate.rollouts"
+
+
+@dataclass(frozen=True, slots=True)
+class Chaos:
+    """One fault to inject: ``action`` on ``shard`` during ``step`` (1-based)."""
+
+    action: Literal["kill", "freeze"]
+    shard: int
+    step: int
+
+
+_CHAOS = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
+
+
+def parse_chaos(action: Literal["kill", "freeze"], spec: str) -> Chaos:
+    """Parse ``SHARD@STEP`` (e.g. ``2@5``: shard 2 during step 5)."""
+    match = _CHAOS.match(spec)
+    if match is None:
+        raise ValueError(f"--{action} {spec!r}: expected SHARD@STEP, e.g. 2@5")
+    return Chaos(action, int(match.group(1)), int(match.group(2)))
+
+
+def simulation_config(
+    *,
+    probe_interval_s: float = 0.5,
+    probe_timeout_s: float = 0.25,
+    restart_dead_shards: bool = False,
+    generation_timeout_s: float = 5.0,
+    min_healthy_shards: int = 1,
+) -> ControllerConfig:
+    """The controller configuration of a simulated run: fleet health on, short clocks."""
+    return ControllerConfig.model_validate(
+        {
+            "fleet_health": {
+                "enabled": True,
+                "probe_interval_s": probe_interval_s,
+                "probe_timeout_s": probe_timeout_s,
+                "restart_dead_shards": restart_dead_shards,
+                "min_healthy_shards": min_healthy_shards,
+            },
+            "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 1.0},
+            "timeouts": {"generation_timeout_s": generation_timeout_s},
+            "watchdog": {"interval_s": 0.5, "stall_timeout_s": 60.0},
+            "refit": {"refit_timeout_s": 2.0, "grace_s": 1.0},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    shards: int = 4
+    steps: int = 5
+    groups_per_step: int = 4
+    group_size: int = 4
+    generation_s: float = 0.05
+    train_s: float = 0.05
+    chaos: tuple[Chaos, ...] = ()
+    config: ControllerConfig = field(default_factory=simulation_config)
+    run: str | None = None
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("shards", "steps", "groups_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("generation_s", "train_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for c in self.chaos:
+            if not 0 <= c.shard < self.shards:
+                raise ValueError(
+                    f"--{c.action} {c.shard}@{c.step}: shard {c.shard} does not exist "
+                    f"(shards 0..{self.shards - 1})"
+                )
+            if not 1 <= c.step <= self.steps:
+                raise ValueError(
+                    f"--{c.action} {c.shard}@{c.step}: step {c.step} is outside 1..{self.steps}"
+                )
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    run: str
+    outcome: str
+    cause: str
+    steps_done: int
+    counters: dict[str, object]
+
+
+class SimulatedTrainer:
+    """The trainer actor: one step per batch, the weight version is the step count."""
+
+    def __init__(self, train_s: float) -> None:
+        self._train_s = train_s
+        self._version = 0
+
+    async def step(self, rewards: Sequence[float]) -> int:
+        if not rewards:
+            raise ValueError("a train step needs at least one rollout row")
+        await asyncio.sleep(self._train_s)
+        self._version += 1
+        return self._version
+
+
+def _reward(generation: Generation) -> float:
+    return (sum(map(ord, generation.text)) % 97) / 96.0
+
+
+class _Simulation:
+    def __init__(self, spec: SimulationSpec, echo: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.echo = echo
+        self.counters = RolloutCounters()
+        self.policy = RetryPolicy.from_config(spec.config.rollout_failure)
+        t = spec.config.timeouts
+        self.deadlines = RolloutDeadlines(
+            stream_s=t.rollout_timeout_s,
+            generation_s=t.generation_timeout_s,
+            environment_s=t.env_timeout_s,
+        )
+        self.window = OutcomeWindow()
+        self.train_steps = 0
+        self.committed_groups = 0
+        self.halted = threading.Event()
+        self.frozen: list[int] = []
+        # Set up by run() once the ledger and the cluster exist.
+        self.ledger: Ledger
+        self.fleet: RayShardFleet
+        self.pids: dict[int, int]
+        self.trainer: ray.actor.ActorHandle
+        self.selector: ShardSelector
+        self.controller: FleetController
+
+    # ── the rollout path ───────────────────────────────────────────────────
+
+    async def generate(self, attempt: Attempt[int]) -> Generation:
+        request = GenerationRequest(
+            prompt_id=str(attempt.prompt_id), group_id=attempt.group_id, prompt="2+2="
+        )
+        try:
+            async with self.deadlines.generation():
+                result = await self.fleet.generate(attempt.shard, request)
+        except Exception as exc:
+            self.report_failure(attempt.shard, exc)
+            raise
+        self.window.success(attempt.shard)
+        return result
+
+    def report_failure(self, shard: int, exc: BaseException) -> None:
+        """Record what this attempt learned before the retry re-selects a shard.
+
+        Story: with an idle fleet the least-outstanding selector re-picks the same
+        lowest-index shard; only once the failure is in the ledger can selection avoid it.
+        """
+        death = actor_death_of(exc)
+        if death is not None:
+            self.flush_window()
+            self.ledger.actor_died(shard, death)
+            return
+        if classify_exception(exc).kind is FailureKind.INFRA:
+            self.window.failure(shard, exc)
+            self.flush_window()
+
+    def flush_window(self) -> None:
+        outcomes = self.window.take()
+        if outcomes:
+            self.ledger.report_outcomes(ADAPTER, outcomes)
+
+    async def group(self, step: int, index: int) -> list[float]:
+        prompts = [f"s{step}-g{index}-p{k}" for k in range(self.spec.group_size)]
+        generations = await gather_cancelling_siblings(
+            *(
+                run_rollout(
+                    self.generate,
+                    select_shard=self.selector.acquire,
+                    policy=self.policy,
+                    counters=self.counters,
+                    prompt_id=prompt,
+                )
+                for prompt in prompts
+            )
+        )
+        self.committed_groups += 1
+        return [_reward(g) for g in generations]
+
+    # ── one step ───────────────────────────────────────────────────────────
+
+    def inject(self, chaos: Chaos) -> None:
+        pid = self.pids[chaos.shard]
+        if chaos.action == "kill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            self.frozen.append(pid)
+        self.echo(
+            f"  chaos: {chaos.action} shard {chaos.shard} (pid {pid}) during step {chaos.step}"
+        )
+
+    async def step(self, step: int) -> None:
+        loop = asyncio.get_running_loop()
+        for chaos in self.spec.chaos:
+            if chaos.step == step:
+                loop.call_later(self.spec.generation_s / 2, self.inject, chaos)
+        rows: list[float] = []
+        for result in await asyncio.gather(
+            *(self.group(step, g) for g in range(self.spec.groups_per_step)),
+            return_exceptions=True,
+        ):
+            if isinstance(result, PromptSkipped):
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            rows += result
+        self.flush_window()
+        version: int = await self.trainer.step.remote(rows)
+        self.train_steps += 1
+        await asyncio.to_thread(self.refit, version)
+
+    def refit(self, version: int) -> None:
+        """The placeholder refit: tell every shard that is not absent its new version."""
+        absent = set(self.ledger.membership.absent)
+        participants = [shard for shard in range(self.spec.shards) if shard not in absent]
+        if not participants:
+            return
+        self.ledger.refit_started(version, participants)
+        bound = self.spec.config.refit.bound_s or 30.0
+        results = self.fleet.set_weight_version(participants, version, bound)
+        for shard, result in sorted(results.items()):
+            if result.kind == "died":
+                self.ledger.actor_died(shard, result.error)
+        acknowledged = [s for s in participants if results[s].kind == "ok"]
+        self.ledger.refit_completed(version, acknowledged)
+
+    # ── the whole run ──────────────────────────────────────────────────────
+
+    def progress(self) -> TrainingProgress:
+        return TrainingProgress(
+            committed_groups=self.committed_groups,
+            train_steps=self.train_steps,
+            in_flight=self.selector.total_in_flight,
+            work_remains=self.train_steps < self.spec.steps,
+        )
+
+    async def loop(self) -> tuple[str, str]:
+        for step in range(1, self.spec.steps + 1):
+            if self.halted.is_set():
+                break
+            try:
+                await self.step(step)
+            except RolloutAbandoned as exc:
+                return "failed", self.controller.end_run_failed(str(exc))
+            m = self.ledger.membership
+            snapshot = self.counters.snapshot()
+            redispatched = sum(snapshot["redispatched"].values())  # type: ignore[union-attr]
+            self.echo(
+                f"step {step}/{self.spec.steps}  weights v{self.train_steps}  "
+                f"serving {list(m.serving)}  absent {list(m.absent)}  epoch {m.epoch}  "
+                f"groups {self.committed_groups}  re-dispatched {redispatched}"
+            )
+        self.ledger.catch_up()
+        ended = self.ledger.view.ended
+        if ended is not None:
+            return ended.outcome, ended.cause
+        self.ledger.end_run("completed", f"{self.train_steps} of {self.spec.steps} steps done")
+        return "completed", f"{self.train_steps} of {self.spec.steps} steps done"
+
+    def _end_if_open(self, outcome: Literal["failed", "aborted"], cause: str) -> None:
+        with self.ledger.lock:
+            self.ledger.catch_up()
+            if self.ledger.view.ended is None:
+                self.ledger.end_run(outcome, cause[:4096])
+
+    def run(self, log: EventLog) -> SimulationResult:
+        spec = self.spec
+        run = spec.run or (
+            f"sim-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        )
+        prefix = f"fleetledger-{run}"
+        fleet_config = spec.config.fleet_config(
+            shard_count=spec.shards,
+            train_world_size=1,
+            base_urls=[f"ray://{prefix}-shard-{i}" for i in range(spec.shards)],
+        )
+        with local_ray():
+            # The fleet comes up before the run is recorded: a cluster that cannot start
+            # leaves no half-begun run behind.
+            self.fleet = RayShardFleet.spawn(
+                spec.shards, simulated_shard_factory(prefix, generation_s=spec.generation_s)
+            )
+            self.ledger = Ledger.start(log, run, fleet_config)
+            self.echo(
+                f"run {run}: {spec.shards} shards, {spec.steps} steps → {log.database.display_url}"
+            )
+            self.pids = self.fleet.pids()
+            self.trainer = ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.train_s)
+            self.selector = ShardSelector.for_ledger(self.ledger)
+            self.controller = FleetController(
+                self.ledger,
+                self.fleet,
+                spec.config,
+                progress=self.progress,
+                rollouts=self.counters.snapshot,
+                on_halt=lambda _cause: self.halted.set(),
+            )
+            if spec.metrics_port is not None:
+                server, _ = self.controller.metrics.serve(spec.metrics_port)
+                self.echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
+            self.controller.start()
+            try:
+                outcome, cause = asyncio.run(self.loop())
+            except KeyboardInterrupt:
+                self._end_if_open("aborted", "interrupted (SIGINT) during the simulation")
+                raise
+            except Exception as exc:
+                self._end_if_open("failed", f"simulation crashed: {type(exc).__name__}: {exc}")
+                raise
+            finally:
+                self.controller.stop()
+                for pid in self.frozen:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+                self.fleet.shutdown()
+                ray.kill(self.trainer)
+        return SimulationResult(run, outcome, cause, self.train_steps, self.counters.snapshot())
+
+
+def run_simulation(
+    log: EventLog, spec: SimulationSpec, echo: Callable[[str], None] = print
+) -> SimulationResult:
+    """Run the simulated training loop of ``spec``, recording everything in ``log``."""
+    started = time.monotonic()
+    result = _Simulation(spec, echo).run(log)
+    echo(
+        f"run {result.run} {result.outcome} after {time.monotonic() - started:.1f}s: {result.cause}"
+    )
+    return result
