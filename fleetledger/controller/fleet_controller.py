@@ -152,6 +152,8 @@ class FleetController:
             in_flight=p.in_flight,
             work_remains=p.work_remains,
         )
+        if decision.action == "ended":
+            return decision  # the last sample stays what it was when the run ended
         self._last_sample = ProgressSample(
             p.committed_groups, p.train_steps, p.in_flight, decision.idle_s
         )

@@ -99,10 +99,11 @@ class ProbePump:
         next_at = self._clock()
         while not stop.is_set():
             try:
-                if self.probe_round().probed == () and self._ledger.membership.ended:
-                    return
+                self.probe_round()  # folds the tail first: an ended run is seen here
             except LedgerError as exc:
                 _log.error("probe round not recorded", run=self._ledger.run, problem=str(exc))
+            if self._ledger.membership.ended:
+                return
             next_at += interval
             now = self._clock()
             if next_at < now:  # fell behind (a stopped process, a slow disk): skip, don't burst

@@ -1,0 +1,177 @@
+"""The controller's decisions, each recorded before it acts.
+
+The fleet here is a scripted implementation of the controller's fleet protocol (probe
+answers and restart outcomes are the inputs under test); test_chaos_ray.py runs the same
+controller against real Ray actors killed and frozen with real signals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pytest
+
+from fleetledger.controller.config import ControllerConfig
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.events.log import EventLog
+from fleetledger.projections.shard_states import ShardState
+from tests.builders import fleet_config
+
+
+class ScriptedFleet:
+    def __init__(self) -> None:
+        self.dead: set[int] = set()
+        self.restart_errors: list[Exception | None] = []
+        self.restarted: list[int] = []
+
+    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]:
+        return {
+            s: ProbeResult("died", "gone") if s in self.dead else ProbeResult.ok() for s in shards
+        }
+
+    def restart(self, shard: int, *, ready_timeout_s: float) -> None:
+        error = self.restart_errors.pop(0) if self.restart_errors else None
+        if error is not None:
+            raise error
+        self.dead.discard(shard)
+        self.restarted.append(shard)
+
+
+def _config(**watchdog: object) -> ControllerConfig:
+    return ControllerConfig.model_validate(
+        {
+            "fleet_health": {
+                "enabled": True,
+                "probe_interval_s": 0.5,
+                "probe_timeout_s": 0.1,
+                "restart_dead_shards": True,
+            },
+            "watchdog": {"interval_s": 1.0, "stall_timeout_s": 5.0, **watchdog},
+        }
+    )
+
+
+@pytest.fixture
+def log(sqlite_url):
+    log = EventLog.open(sqlite_url)
+    yield log
+    log.close()
+
+
+def _controller(ledger, fleet, config=None, progress=None, now=None):
+    return FleetController(
+        ledger,
+        fleet,
+        config or _config(),
+        progress=progress or (lambda: TrainingProgress(0, 0, 0, True)),
+        clock=now or (lambda: 0.0),
+    )
+
+
+def test_restart_is_recorded_then_the_replacement_is_stale_until_a_refit(log):
+    ledger = Ledger.start(log, "r", fleet_config(3, max_restart_attempts_per_shard=2))
+    fleet = ScriptedFleet()
+    controller = _controller(ledger, fleet)
+    fleet.dead.add(1)
+    controller.pump.probe_round()
+    assert controller.restart(1) == "STALE"
+    types = [r.event.type for r in log.read("r", 1)]
+    assert types[-2:] == ["restart_requested", "replacement_loaded"]
+    assert fleet.restarted == [1]
+    ledger.refit_started(1)
+    ledger.refit_completed(1)
+    assert ledger.view.state_of(1) is ShardState.HEALTHY
+    assert ledger.view.shards[1].weight_version == 1
+
+
+def test_a_failed_restart_goes_back_to_dead_and_the_budget_retires(log):
+    ledger = Ledger.start(log, "r", fleet_config(2, max_restart_attempts_per_shard=1))
+    fleet = ScriptedFleet()
+    fleet.restart_errors = [RuntimeError("no GPU left on the node")]
+    controller = _controller(ledger, fleet)
+    ledger.actor_died(0, "gone")
+    assert controller.restart(0) == "DEAD"
+    (failed,) = [r.event for r in log.read("r", 1) if r.event.type == "restart_failed"]
+    assert failed.error == "RuntimeError: no GPU left on the node"
+    assert controller.restart(0) == "RETIRED"  # second attempt > budget of 1
+    assert fleet.restarted == []  # past the budget no actor is touched
+    assert controller.restart(0) == "RETIRED"  # and nothing moves it again
+    assert [r.event.type for r in log.read("r", 1)].count("restart_requested") == 2
+
+
+def test_restart_of_a_shard_that_is_not_dead_does_nothing(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    controller = _controller(ledger, ScriptedFleet())
+    head = log.head("r")
+    assert controller.restart(0) == "HEALTHY"
+    assert log.head("r") == head
+
+
+def test_a_resumed_controller_queues_the_shards_that_died_meanwhile(log, sqlite_url):
+    Ledger.start(log, "r", fleet_config(3)).actor_died(2, "gone while no controller ran")
+    resumed = Ledger.resume(EventLog.open(sqlite_url), "r")
+    controller = _controller(resumed, ScriptedFleet())
+    assert controller.queue_restarts() == [2]
+    assert controller.queue_restarts() == []  # already queued: not twice
+
+
+def test_end_run_failed_names_exhaustion_when_it_is_the_cause(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    controller = _controller(ledger, ScriptedFleet())
+    ledger.actor_died(0, "gone")
+    ledger.actor_died(1, "gone")
+    cause = controller.end_run_failed("prompt p1: 5 infrastructure failures (no_healthy_shards)")
+    assert cause.startswith("only 0 generation shard(s) serving")
+    types = [r.event.type for r in log.read("r", 1)]
+    assert types[-2:] == ["fleet_exhausted", "run_ended"]
+    assert controller.halted == cause
+    # A second failure report does not record another end.
+    assert controller.end_run_failed("late") == cause
+    assert log.head("r") == len(types) + 1
+
+
+def test_end_run_failed_keeps_the_rollouts_cause_when_the_fleet_is_fine(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    controller = _controller(ledger, ScriptedFleet())
+    cause = controller.end_run_failed("prompt p1: data failure context_length")
+    assert ledger.view.ended.cause == cause == "prompt p1: data failure context_length"
+
+
+def test_a_stall_with_abort_ends_the_run_aborted(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    now = [0.0]
+    halted: list[str] = []
+    controller = FleetController(
+        ledger,
+        ScriptedFleet(),
+        _config(stall_action="abort"),
+        progress=lambda: TrainingProgress(4, 1, 0, True),
+        on_halt=halted.append,
+        clock=lambda: now[0],
+    )
+    assert controller.tick_watchdog().action == "none"
+    now[0] = 6.0
+    decision = controller.tick_watchdog()
+    assert decision.action == "abort" and decision.stall_recorded
+    assert ledger.view.ended.outcome == "aborted"
+    assert halted == [decision.cause]
+    assert controller.tick_watchdog().action == "ended"
+    assert controller.progress_sample().idle_s == 6.0
+
+
+def test_exhaustion_on_a_watchdog_tick_halts(log):
+    ledger = Ledger.start(log, "r", fleet_config(2, min_healthy_shards=2))
+    halted: list[str] = []
+    controller = FleetController(
+        ledger,
+        ScriptedFleet(),
+        _config(),
+        progress=lambda: TrainingProgress(0, 0, 0, True),
+        on_halt=halted.append,
+        clock=lambda: 0.0,
+    )
+    ledger.actor_died(1, "gone")
+    assert controller.tick_watchdog().action == "exhausted"
+    assert halted and halted[0].startswith("only 1 generation shard(s) serving")
+    assert ledger.view.ended.outcome == "failed"

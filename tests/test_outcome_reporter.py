@@ -1,0 +1,169 @@
+"""The adapters' way in: windows classified by the taxonomy, appended from any process."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetledger.controller.failure_taxonomy import FailureKind
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.outcome_reporter import OutcomeReporter, OutcomeWindow
+from fleetledger.events.errors import LedgerError
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import OutcomeWindowReported
+from fleetledger.projections.shard_states import ShardState
+from tests.builders import fleet_config
+
+
+def test_window_classifies_exceptions_and_statuses():
+    window = OutcomeWindow()
+    window.success(0, 5)
+    assert window.failure(0, TimeoutError("engine timed out")).kind is FailureKind.INFRA
+    assert window.failure(0, status=503).kind is FailureKind.INFRA
+    assert window.failure(1, status=400, detail="maximum context length").kind is FailureKind.DATA
+    assert window.failure(1, KeyError("x")).kind is FailureKind.DATA
+    outcomes = window.take()
+    assert [o.shard for o in outcomes] == [0, 1]
+    assert outcomes[0].successes == 5
+    assert {(f.category, f.reason, f.count) for f in outcomes[0].failures} == {
+        ("infra", "timeout", 1),
+        ("infra", "http_503", 1),
+    }
+    assert {(f.category, f.reason) for f in outcomes[1].failures} == {
+        ("data", "context_length"),
+        ("data", "key_error"),
+    }
+    assert not window and window.take() == ()
+
+
+def test_cancellation_is_not_the_shards_fault():
+    window = OutcomeWindow()
+    verdict = window.failure(0, asyncio.CancelledError())
+    assert verdict.kind is FailureKind.CANCELLED
+    assert window.take() == ()
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda w: w.success(-1), "non-negative int"),
+        (lambda w: w.success(True), "non-negative int"),
+        (lambda w: w.success(0, 0), "success count must be >= 1"),
+        (lambda w: w.failure(0), "exactly one of error= or status="),
+        (lambda w: w.failure(0, ValueError("x"), status=500), "exactly one of error= or status="),
+        (lambda w: w.failure(0, status=99), "not an HTTP status"),
+    ],
+)
+def test_bad_outcomes_are_refused_by_name(call, message):
+    with pytest.raises(ValueError, match=message):
+        call(OutcomeWindow())
+
+
+def _started(url: str, run: str, shards: int = 3) -> Ledger:
+    log = EventLog.open(url)
+    return Ledger.start(log, run, fleet_config(shards))
+
+
+def test_reporter_appends_one_window_and_the_ledger_folds_it(ledger_url):
+    ledger = _started(ledger_url, "r1")
+    with OutcomeReporter(ledger_url, "r1", "router-0", window_s=3600) as reporter:
+        reporter.success(0, 3)
+        for _ in range(3):
+            reporter.failure(1, ConnectionResetError("reset"))
+        seq = reporter.flush()
+        assert reporter.flush() is None  # nothing new: no empty event
+    assert seq == 2
+    ledger.catch_up()
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    stored = list(ledger.log.read("r1", 1, 2))
+    assert isinstance(stored[-1].event, OutcomeWindowReported)
+    assert stored[-1].event.adapter == "router-0"
+    ledger.log.close()
+
+
+def test_reporter_hands_over_a_window_once_it_is_old_enough(sqlite_url):
+    ledger = _started(sqlite_url, "r1")
+    now = [0.0]
+    reporter = OutcomeReporter(sqlite_url, "r1", "a", window_s=1.0, clock=lambda: now[0])
+    reporter.success(0)
+    reporter.success(0)
+    assert ledger.log.head("r1") == 1
+    now[0] = 1.5
+    reporter.success(2)  # the window is due: all three successes go in one event
+    assert ledger.log.head("r1") == 2
+    (recorded,) = ledger.log.read("r1", 1, 2)
+    assert [(o.shard, o.successes) for o in recorded.event.outcomes] == [(0, 2), (2, 1)]
+    reporter.close()
+    ledger.log.close()
+
+
+def test_a_failed_hand_over_keeps_the_window(sqlite_url):
+    ledger = _started(sqlite_url, "r1", shards=2)
+    reporter = OutcomeReporter(sqlite_url, "r1", "a", window_s=3600)
+    reporter.success(0, 2)
+    reporter.failure(5, TimeoutError("t"))  # shard 5 does not exist in this run
+    with pytest.raises(LedgerError, match="shard 5 is out of range"):
+        reporter.flush()
+    assert ledger.log.head("r1") == 1  # nothing written
+    outcomes = reporter._window.take()  # nothing lost either
+    assert [(o.shard, o.successes, len(o.failures)) for o in outcomes] == [(0, 2, 0), (5, 0, 1)]
+    reporter.close()
+    ledger.log.close()
+
+
+def _report_from_child(reporter: OutcomeReporter, shard: int) -> None:
+    for _ in range(3):
+        reporter.failure(shard, TimeoutError("generation timed out"))
+    reporter.success(0)
+    reporter.close()
+
+
+def test_reporter_works_from_another_process(ledger_url):
+    """Picklable: only the URL, run and name travel; the child opens its own connection."""
+    ledger = _started(ledger_url, "r1")
+    reporter = OutcomeReporter(ledger_url, "r1", "adapter-in-child", window_s=3600)
+    assert set(pickle.loads(pickle.dumps(reporter)).__dict__) >= {"db_url", "run", "adapter"}
+    child = multiprocessing.get_context("spawn").Process(
+        target=_report_from_child, args=(reporter, 2)
+    )
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    ledger.catch_up()
+    assert ledger.view.state_of(2) is ShardState.DEAD
+    assert "3 consecutive reported failures" in ledger.view.shards[2].since_rule
+    ledger.log.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 5)),  # (failures, successes) per window
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_blips_inside_successful_windows_never_condemn(windows):
+    """Successes of a window are applied first, so a window with successes can leave at
+    most its own failures on the streak: below the threshold, never DEAD."""
+    from fleetledger.events.models import RecordedEvent
+    from fleetledger.projections.fleet_view import fold
+    from tests.builders import run_started
+
+    events = [RecordedEvent("r", 1, 0, run_started(1))]
+    for seq, (failures, successes) in enumerate(windows, start=2):
+        window = OutcomeWindow()
+        window.success(0, successes)
+        for _ in range(min(failures, 2)):  # unhealthy_threshold 3: at most 2 per window
+            window.failure(0, TimeoutError("blip"))
+        events.append(
+            RecordedEvent("r", seq, 0, OutcomeWindowReported(adapter="a", outcomes=window.take()))
+        )
+    view = fold(events)
+    assert view.state_of(0) in (ShardState.HEALTHY, ShardState.SUSPECT)

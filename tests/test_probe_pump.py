@@ -1,0 +1,121 @@
+"""The probe pump's round: only serving shards, one batch, nothing dropped.
+
+The prober here is a scripted implementation of the ``Prober`` protocol (what a round
+saw is the input under test); the real Ray prober is exercised in test_chaos_ray.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+
+import pytest
+
+from fleetledger.controller.config import FleetHealthConfig
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.probe_pump import ProbePump
+from fleetledger.events.log import EventLog
+from fleetledger.projections.shard_states import ShardState
+from tests.builders import fleet_config
+
+
+class ScriptedProber:
+    """Answers each round from a script of {shard: result}; records who was asked."""
+
+    def __init__(self, script: list[Mapping[int, ProbeResult]]) -> None:
+        self.script = list(script)
+        self.asked: list[tuple[int, ...]] = []
+        self.timeouts: list[float] = []
+
+    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]:
+        shards = tuple(shards)
+        self.asked.append(shards)
+        self.timeouts.append(timeout_s)
+        answers = self.script.pop(0) if self.script else {}
+        return {s: answers.get(s, ProbeResult.ok()) for s in shards}
+
+
+OK, TIMEOUT = ProbeResult.ok(), ProbeResult("timeout", "no answer")
+DIED = ProbeResult("died", "ActorDiedError: gone")
+HEALTH = FleetHealthConfig(enabled=True, probe_interval_s=1.0, probe_timeout_s=0.25)
+
+
+@pytest.fixture
+def ledger(sqlite_url):
+    log = EventLog.open(sqlite_url)
+    yield Ledger.start(log, "r", fleet_config(3))
+    log.close()
+
+
+def test_a_round_is_one_batch_in_shard_order(ledger):
+    prober = ScriptedProber([{1: TIMEOUT}])
+    pump = ProbePump(ledger, prober, HEALTH)
+    probe_round = pump.probe_round()
+    assert prober.asked == [(0, 1, 2)] and prober.timeouts == [0.25]
+    stored = list(ledger.log.read("r", 1))
+    assert [(r.seq, r.event.type, r.event.shard) for r in stored] == [
+        (2, "probe_succeeded", 0),
+        (3, "probe_failed", 1),
+        (4, "probe_succeeded", 2),
+    ]
+    assert len({r.at_us for r in stored}) == 1  # one transaction, one stamp
+    assert [(t.shard, t.after) for t in probe_round.transitions] == [(1, ShardState.SUSPECT)]
+
+
+def test_a_death_is_conclusive_and_the_dead_are_not_probed_again(ledger):
+    prober = ScriptedProber([{2: DIED}, {}, {}])
+    pump = ProbePump(ledger, prober, HEALTH)
+    pump.probe_round()
+    assert ledger.view.state_of(2) is ShardState.DEAD
+    pump.probe_round()
+    pump.probe_round()
+    assert prober.asked[1:] == [(0, 1), (0, 1)]
+    assert ledger.view.state_of(2) is ShardState.DEAD
+
+
+def test_threshold_timeouts_condemn_in_exactly_that_many_rounds(ledger):
+    prober = ScriptedProber([{0: TIMEOUT}] * 3)
+    pump = ProbePump(ledger, prober, HEALTH)
+    states = []
+    for _ in range(3):
+        pump.probe_round()
+        states.append(ledger.view.state_of(0))
+    assert states == [ShardState.SUSPECT, ShardState.SUSPECT, ShardState.DEAD]
+
+
+def test_a_prober_that_drops_a_shard_records_a_failed_probe(ledger):
+    class Forgetful(ScriptedProber):
+        def probe(self, shards, timeout_s):
+            return {s: OK for s in shards if s != 1}
+
+    ProbePump(ledger, Forgetful([]), HEALTH).probe_round()
+    (failed,) = [r.event for r in ledger.log.read("r", 1) if r.event.type == "probe_failed"]
+    assert failed.shard == 1 and "no result" in failed.error
+
+
+def test_a_prober_that_answers_for_strangers_is_refused(ledger):
+    class Chatty(ScriptedProber):
+        def probe(self, shards, timeout_s):
+            return {**{s: OK for s in shards}, 7: OK}
+
+    with pytest.raises(ValueError, match="not asked about"):
+        ProbePump(ledger, Chatty([]), HEALTH).probe_round()
+    assert ledger.log.head("r") == 1
+
+
+def test_the_pump_folds_other_writers_before_choosing_whom_to_probe(ledger, sqlite_url):
+    other = EventLog.open(sqlite_url)
+    Ledger.resume(other, "r").actor_died(0, "seen by an adapter in another process")
+    prober = ScriptedProber([])
+    ProbePump(ledger, prober, HEALTH).probe_round()
+    assert prober.asked == [(1, 2)]
+    other.close()
+
+
+def test_the_loop_stops_when_the_run_ends(ledger):
+    pump = ProbePump(ledger, ScriptedProber([]), HEALTH.model_copy(update={"probe_interval_s": 0.01}))
+    ledger.end_run("completed", "done")
+    thread = pump.start(threading.Event())
+    thread.join(30)
+    assert not thread.is_alive()
+    assert pump.rounds == 0
