@@ -24,7 +24,9 @@ def test_generation_is_stamped_with_shard_and_weights():
     assert (served, version) == (1, 4)
 
 
-@pytest.mark.parametrize(("fault", "kind"), [("fail", FailureKind.INFRA), ("error", FailureKind.DATA)])
+@pytest.mark.parametrize(
+    ("fault", "kind"), [("fail", FailureKind.INFRA), ("error", FailureKind.DATA)]
+)
 def test_faults_raise_what_the_taxonomy_expects(fault, kind):
     async def scenario():
         shard = SimulatedShard(0, generation_s=0)

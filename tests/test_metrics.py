@@ -43,9 +43,7 @@ def test_a_scrape_over_http_matches_the_ledger(ledger):
         "r",
         lambda: ledger.membership,
         rollouts=counters.snapshot,
-        progress=lambda: ProgressSample(
-            committed_groups=7, train_steps=3, in_flight=2, idle_s=1.5
-        ),
+        progress=lambda: ProgressSample(committed_groups=7, train_steps=3, in_flight=2, idle_s=1.5),
     )
     server, _ = metrics.serve(0)
     try:

@@ -113,7 +113,9 @@ def test_the_pump_folds_other_writers_before_choosing_whom_to_probe(ledger, sqli
 
 
 def test_the_loop_stops_when_the_run_ends(ledger):
-    pump = ProbePump(ledger, ScriptedProber([]), HEALTH.model_copy(update={"probe_interval_s": 0.01}))
+    pump = ProbePump(
+        ledger, ScriptedProber([]), HEALTH.model_copy(update={"probe_interval_s": 0.01})
+    )
     ledger.end_run("completed", "done")
     thread = pump.start(threading.Event())
     thread.join(30)

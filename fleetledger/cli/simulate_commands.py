@@ -29,6 +29,18 @@ def simulate(
         list[str] | None,
         typer.Option(metavar="SHARD@STEP", help="SIGSTOP a shard while a step's rollouts run."),
     ] = None,
+    wedge: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="SHARD@STEP", help="Make a shard hang every generation (probes still answer)."
+        ),
+    ] = None,
+    blip: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="SHARD@STEP", help="Fail one generation of a shard (a transport blip)."
+        ),
+    ] = None,
     restart: Annotated[
         bool, typer.Option("--restart/--no-restart", help="Restart dead shards through Ray.")
     ] = False,
@@ -60,8 +72,14 @@ def simulate(
         ) from None
     try:
         chaos = tuple(
-            [parse_chaos("kill", s) for s in kill or []]
-            + [parse_chaos("freeze", s) for s in freeze or []]
+            parse_chaos(action, spec)
+            for action, specs in (
+                ("kill", kill),
+                ("freeze", freeze),
+                ("wedge", wedge),
+                ("blip", blip),
+            )
+            for spec in specs or []
         )
         spec = SimulationSpec(
             shards=shards,

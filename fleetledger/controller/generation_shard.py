@@ -95,6 +95,7 @@ class SimulatedShard(GenerationShard):
         self._generation_s = generation_s
         self._weight_version = weight_version
         self._fault: Fault = "none"
+        self._fault_left: int | None = None  # generations the fault still applies to
         self._served = 0
 
     # ── the interface ───────────────────────────────────────────────────────
@@ -103,12 +104,13 @@ class SimulatedShard(GenerationShard):
         return True
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        if self._fault == "hang":
+        fault = self._take_fault()
+        if fault == "hang":
             await asyncio.Event().wait()  # never set: the wedged engine
         await asyncio.sleep(self._generation_s)
-        if self._fault == "fail":
+        if fault == "fail":
             raise ConnectionResetError(f"shard {self._index}: engine connection reset")
-        if self._fault == "error":
+        if fault == "error":
             raise ValueError(
                 f"shard {self._index}: prompt {request.prompt_id} exceeds the maximum context "
                 "length"
@@ -142,10 +144,22 @@ class SimulatedShard(GenerationShard):
         """The process to signal (SIGKILL, SIGSTOP) in chaos tests."""
         return os.getpid()
 
-    async def set_fault(self, fault: Fault) -> Fault:
+    async def set_fault(self, fault: Fault, times: int | None = None) -> Fault:
+        """Misbehave from now on, or only for the next ``times`` generations."""
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+        if times is not None and times < 1:
+            raise ValueError(f"times must be >= 1 or None (for good), got {times}")
         self._fault = fault
+        self._fault_left = times
+        return fault
+
+    def _take_fault(self) -> Fault:
+        fault = self._fault
+        if self._fault_left is not None and fault != "none":
+            self._fault_left -= 1
+            if self._fault_left == 0:
+                self._fault, self._fault_left = "none", None
         return fault
 
     async def set_generation_s(self, seconds: float) -> float:

@@ -193,10 +193,7 @@ class RayShardFleet:
         Story: a cancelled sibling used to keep generating against the fleet for a
         result already being discarded.
         """
-        handle = self._handles.get(shard)
-        if handle is None:
-            raise ConnectionError(f"shard {shard} has no actor in the cluster")
-        ref = handle.generate.remote(request)
+        ref = self.handle(shard).generate.remote(request)
         try:
             result: Generation = await ref
             return result
@@ -212,12 +209,15 @@ class RayShardFleet:
             shards, lambda h: h.set_weight_version.remote(version), timeout_s, f"{timeout_s:g}s"
         )
 
-    def call(self, shard: int, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
-        """Call one actor method and wait for it (the simulation's controls, mostly)."""
+    def handle(self, shard: int) -> ActorHandle:
         handle = self._handles.get(shard)
         if handle is None:
             raise ConnectionError(f"shard {shard} has no actor in the cluster")
-        return ray.get(getattr(handle, method).remote(*args), timeout=timeout_s)
+        return handle
+
+    def call(self, shard: int, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
+        """Call one actor method and wait for it (the simulation's controls, mostly)."""
+        return ray.get(getattr(self.handle(shard), method).remote(*args), timeout=timeout_s)
 
     def pids(self, timeout_s: float = 30.0) -> dict[int, int]:
         """Process id per shard (simulated shards only: a real engine need not expose it)."""

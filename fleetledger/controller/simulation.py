@@ -63,11 +63,20 @@ __all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_si
 ADAPTER = "simulate.rollouts"
 
 
+ChaosAction = Literal["kill", "freeze", "wedge", "blip"]
+CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip")
+
+
 @dataclass(frozen=True, slots=True)
 class Chaos:
-    """One fault to inject: ``action`` on ``shard`` during ``step`` (1-based)."""
+    """One fault to inject: ``action`` on ``shard`` during ``step`` (1-based).
 
-    action: Literal["kill", "freeze"]
+    ``kill`` SIGKILLs the shard's process, ``freeze`` SIGSTOPs it, ``wedge`` makes every
+    later generation hang while probes still answer, ``blip`` fails its next generation
+    once with a transport error.
+    """
+
+    action: ChaosAction
     shard: int
     step: int
 
@@ -75,7 +84,7 @@ class Chaos:
 _CHAOS = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
 
 
-def parse_chaos(action: Literal["kill", "freeze"], spec: str) -> Chaos:
+def parse_chaos(action: ChaosAction, spec: str) -> Chaos:
     """Parse ``SHARD@STEP`` (e.g. ``2@5``: shard 2 during step 5)."""
     match = _CHAOS.match(spec)
     if match is None:
@@ -252,9 +261,13 @@ class _Simulation:
         pid = self.pids[chaos.shard]
         if chaos.action == "kill":
             os.kill(pid, signal.SIGKILL)
-        else:
+        elif chaos.action == "freeze":
             os.kill(pid, signal.SIGSTOP)
             self.frozen.append(pid)
+        else:
+            fault, times = ("hang", None) if chaos.action == "wedge" else ("fail", 1)
+            # Told without waiting: the event loop must not block on an actor call.
+            self.fleet.handle(chaos.shard).set_fault.remote(fault, times)
         self.echo(
             f"  chaos: {chaos.action} shard {chaos.shard} (pid {pid}) during step {chaos.step}"
         )

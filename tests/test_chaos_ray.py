@@ -1,0 +1,301 @@
+"""Chaos with real Ray actors on CPU: processes SIGKILLed and SIGSTOPped for real.
+
+What each test asserts is structural (which probe round saw what, which events the log
+holds, what the fold concluded), never a wall-clock duration: the durations are in
+bench/bench_controller.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from fleetledger.controller.deadlines import RolloutDeadlines
+from fleetledger.controller.failure_taxonomy import DeadlineExpired
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.controller.ledger import Ledger, load_view
+from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.controller.simulation import (
+    Chaos,
+    SimulationResult,
+    SimulationSpec,
+    run_simulation,
+    simulation_config,
+)
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import RecordedEvent
+from fleetledger.projections.fleet_view import fold_with_transitions
+from fleetledger.projections.shard_states import ShardState
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
+from fleetledger.controller.ray_fleet import (  # noqa: E402 - needs Ray
+    RayShardFleet,
+    simulated_shard_factory,
+)
+
+
+@pytest.fixture
+def log(sqlite_url: str, ray_cluster: str) -> Iterator[EventLog]:
+    log = EventLog.open(sqlite_url)
+    yield log
+    log.close()
+
+
+@pytest.fixture
+def fleet(ray_cluster: str, request: pytest.FixtureRequest) -> Iterator[RayShardFleet]:
+    prefix = f"t-{request.node.name[:40]}-{os.getpid()}"
+    fleet = RayShardFleet.spawn(3, simulated_shard_factory(prefix, generation_s=0.01))
+    pids = fleet.pids()
+    yield fleet
+    for pid in pids.values():  # a frozen actor must be thawed before it can be killed
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    fleet.shutdown()
+
+
+def _controller(log: EventLog, fleet: RayShardFleet, **health: object) -> FleetController:
+    config = simulation_config(probe_interval_s=0.5, probe_timeout_s=0.3)
+    config = config.model_copy(
+        update={"fleet_health": config.fleet_health.model_copy(update=health)}
+    )
+    ledger = Ledger.start(
+        log,
+        f"chaos-{time.time_ns()}",
+        config.fleet_config(
+            shard_count=3, train_world_size=1, base_urls=[f"ray://{i}" for i in range(3)]
+        ),
+    )
+    return FleetController(ledger, fleet, config, progress=lambda: TrainingProgress(0, 0, 0, True))
+
+
+def _events(log: EventLog, run: str) -> list[RecordedEvent]:
+    return list(log.read(run, 0))
+
+
+def _wait_for(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        time.sleep(0.02)
+
+
+# ── probes against real processes ──────────────────────────────────────────────
+
+
+def test_sigkill_of_an_idle_shard_is_dead_on_the_next_probe_round(log, fleet):
+    controller = _controller(log, fleet)
+    ledger = controller.ledger
+    assert controller.pump.probe_round().results[1].kind == "ok"
+    os.kill(fleet.pids()[1], signal.SIGKILL)
+    probe_round = controller.pump.probe_round()
+    assert probe_round.results[1].kind == "died"
+    assert "ActorDiedError" in probe_round.results[1].error
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert ledger.view.shards[1].since_rule.startswith("actor death confirmed")
+    assert ledger.view.epoch == 1 and ledger.view.serving == (0, 2)
+
+
+def test_sigkill_with_the_pump_running_records_death_before_any_later_success(log, fleet):
+    """'Within one probe interval': no probe after the kill ever saw shard 1 alive."""
+    controller = _controller(log, fleet)
+    ledger = controller.ledger
+    controller.start()
+    try:
+        _wait_for(lambda: controller.pump.rounds >= 2)
+        killed_at_us = time.time_ns() // 1000
+        os.kill(fleet.pids()[1], signal.SIGKILL)
+        _wait_for(lambda: ledger.membership.states[1] == "DEAD")
+    finally:
+        controller.stop()
+    after_kill = [r for r in _events(log, ledger.run) if r.at_us >= killed_at_us]
+    about_1 = [r.event.type for r in after_kill if getattr(r.event, "shard", None) == 1]
+    assert about_1[0] == "actor_death_confirmed"
+    assert "probe_succeeded" not in about_1
+
+
+def test_sigstop_is_dead_after_threshold_rounds_and_sigcont_does_not_revive(log, fleet):
+    controller = _controller(log, fleet)  # unhealthy_threshold 3
+    ledger = controller.ledger
+    pid = fleet.pids()[2]
+    os.kill(pid, signal.SIGSTOP)
+    seen = []
+    for _ in range(3):
+        probe_round = controller.pump.probe_round()
+        seen.append((probe_round.results[2].kind, ledger.view.state_of(2)))
+    assert seen == [
+        ("timeout", ShardState.SUSPECT),
+        ("timeout", ShardState.SUSPECT),
+        ("timeout", ShardState.DEAD),
+    ]
+    # The others answered in the same bounded rounds.
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    os.kill(pid, signal.SIGCONT)
+    assert fleet.probe([2], 30.0)[2].kind == "ok"  # the process answers again …
+    for _ in range(3):
+        controller.pump.probe_round()
+    assert ledger.view.state_of(2) is ShardState.DEAD  # … and stays DEAD: not re-admitted
+    ledger.record_probes({2: fleet.probe([2], 30.0)[2]})  # even an explicit success
+    assert ledger.view.state_of(2) is ShardState.DEAD
+
+
+def test_restart_replaces_the_actor_stale_until_refit_then_budget_retires(log, fleet):
+    controller = _controller(log, fleet, max_restart_attempts_per_shard=1)
+    ledger = controller.ledger
+    old_pid = fleet.pids()[0]
+    os.kill(old_pid, signal.SIGKILL)
+    controller.pump.probe_round()
+    assert controller.restart(0) == "STALE"
+    new_pid = fleet.pids()[0]
+    assert new_pid != old_pid
+    assert fleet.probe([0], 30.0)[0].kind == "ok"
+    ledger.refit_started(1)
+    assert fleet.set_weight_version([0, 1, 2], 1, 30.0) == {
+        s: fleet.probe([s], 30.0)[s] for s in (0, 1, 2)
+    }
+    ledger.refit_completed(1)
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    assert fleet.call(0, "weight_version") == 1
+    # Second death: the budget of one restart is spent, so the shard is retired and its
+    # (dead) actor is not replaced.
+    os.kill(new_pid, signal.SIGKILL)
+    controller.pump.probe_round()
+    assert controller.restart(0) == "RETIRED"
+    assert fleet.probe([0], 30.0)[0].kind == "died"
+    assert "restart attempts exhausted" in ledger.view.shards[0].since_rule
+
+
+def test_a_wedged_engine_answers_probes_and_the_adapters_reports_condemn_it(log, fleet, sqlite_url):
+    """The adapter reports through its own handle on the database, as another process
+    would; the controller learns of the condemnation by folding the log's tail."""
+    controller = _controller(log, fleet)
+    ledger = controller.ledger
+    fleet.call(0, "set_fault", "hang")
+    deadlines = RolloutDeadlines(generation_s=0.3)
+    request = GenerationRequest(prompt_id="p", group_id="g", prompt="2+2=")
+
+    async def one_attempt() -> BaseException:
+        try:
+            async with deadlines.generation():
+                await fleet.generate(0, request)
+        except Exception as exc:
+            return exc
+        raise AssertionError("a wedged shard answered a generation")
+
+    with OutcomeReporter(sqlite_url, ledger.run, "router", window_s=3600) as reporter:
+        for attempt in range(3):
+            exc = asyncio.run(one_attempt())
+            assert isinstance(exc, DeadlineExpired)
+            assert reporter.failure(0, exc).reason == "deadline:generation"
+            reporter.flush()
+            probe_round = controller.pump.probe_round()  # folds the adapter's window first
+            if attempt < 2:
+                assert probe_round.results[0].kind == "ok"  # it still answers probes …
+                # … and the probes' successes never clear the reported streak.
+                assert ledger.view.shards[0].reported_failures == attempt + 1
+                assert ledger.view.shards[0].serving
+    assert ledger.view.state_of(0) is ShardState.DEAD
+    assert "3 consecutive reported failures" in ledger.view.shards[0].since_rule
+    assert fleet.probe([0], 30.0)[0].kind == "ok"  # alive to Ray, condemned by the ledger
+
+
+# ── the simulated training loop ────────────────────────────────────────────────
+
+
+def _simulate(log: EventLog, **spec: object) -> tuple[SimulationResult, list[str]]:
+    lines: list[str] = []
+    config = spec.pop("config", None) or simulation_config(
+        probe_interval_s=0.5, probe_timeout_s=0.3, generation_timeout_s=1.0
+    )
+    result = run_simulation(
+        log,
+        SimulationSpec(run=f"sim-{time.time_ns()}", config=config, **spec),  # type: ignore[arg-type]
+        lines.append,
+    )
+    return result, lines
+
+
+def _transitions(log: EventLog, run: str, shard: int) -> list[tuple[int, str]]:
+    """(seq, new state) of every state change of ``shard``, from a fresh fold."""
+    _, transitions = fold_with_transitions(log.read(run, 0))
+    return [(t.seq, t.after.value) for t in transitions if t.shard == shard]
+
+
+def _death_seq(log: EventLog, run: str, shard: int) -> int:
+    return next(seq for seq, state in _transitions(log, run, shard) if state == "DEAD")
+
+
+def test_kill_while_serving_redispatches_and_the_run_completes(log):
+    result, lines = _simulate(
+        log, shards=3, steps=4, generation_s=0.2, chaos=(Chaos("kill", 1, 2),)
+    )
+    assert result.outcome == "completed", result.cause
+    assert result.steps_done == 4
+    assert result.counters["redispatched"].get("actor_died", 0) >= 1  # type: ignore[union-attr]
+    events = _events(log, result.run)
+    death = _death_seq(log, result.run, 1)
+    # Traffic moved to the survivors: no success from shard 1 after its death.
+    for r in events:
+        if r.seq > death and r.event.type == "outcome_window_reported":
+            assert all(o.shard != 1 or o.successes == 0 for o in r.event.outcomes)
+    # Every later refit left it out.
+    refits = [r.event for r in events if r.seq > death and r.event.type == "refit_completed"]
+    assert refits and all(1 not in e.shards for e in refits)
+    assert any("chaos: kill shard 1" in line for line in lines)
+
+
+def test_killing_the_last_shards_ends_the_run_with_the_exhaustion_cause(log):
+    result, _ = _simulate(
+        log,
+        shards=2,
+        steps=4,
+        generation_s=0.2,
+        chaos=(Chaos("kill", 0, 2), Chaos("kill", 1, 2)),
+    )
+    assert result.outcome == "failed"
+    assert result.cause.startswith("only 0 generation shard(s) serving, below min_healthy")
+    types = [r.event.type for r in _events(log, result.run)]
+    assert types[-2:] == ["fleet_exhausted", "run_ended"]
+    assert result.steps_done == 1
+
+
+def test_a_wedged_shard_is_condemned_by_the_reported_streak_only(log):
+    result, _ = _simulate(log, shards=3, steps=4, generation_s=0.05, chaos=(Chaos("wedge", 0, 1),))
+    assert result.outcome == "completed", result.cause
+    events = _events(log, result.run)
+    view = load_view(log, result.run)
+    assert view.state_of(0) is ShardState.DEAD
+    assert "consecutive reported failures" in view.shards[0].since_rule
+    assert not [r for r in events if r.event.type == "actor_death_confirmed"]
+    redispatched = result.counters["redispatched"]
+    assert sum(redispatched.values()) >= 3, redispatched  # type: ignore[union-attr]
+
+
+def test_three_blips_among_many_successes_never_condemn(log):
+    result, _ = _simulate(
+        log,
+        shards=2,
+        steps=6,
+        generation_s=0.02,
+        chaos=(Chaos("blip", 0, 1), Chaos("blip", 0, 3), Chaos("blip", 0, 5)),
+    )
+    assert result.outcome == "completed", result.cause
+    assert sum(result.counters["redispatched"].values()) == 3  # type: ignore[union-attr]
+    assert "DEAD" not in [state for _, state in _transitions(log, result.run, 0)]
+    assert load_view(log, result.run).state_of(0) in (ShardState.HEALTHY, ShardState.SUSPECT)
+    windows = [
+        r.event for r in _events(log, result.run) if r.event.type == "outcome_window_reported"
+    ]
+    failures = sum(o.infra_failures for w in windows for o in w.outcomes if o.shard == 0)
+    successes = sum(o.successes for w in windows for o in w.outcomes if o.shard == 0)
+    assert failures == 3 and successes > 3 * 3
