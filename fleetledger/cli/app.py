@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
-import structlog
 import typer
 from rich.console import Console
 
+from fleetledger.controller.logs import configure_logging
 from fleetledger.events.database import DB_URL_ENV
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
@@ -49,20 +47,18 @@ out = Console(highlight=False, soft_wrap=True)
 
 
 def _configure_logging() -> None:
-    # Logs go to stderr: stdout carries the command's answer (and --json must stay clean).
-    # Transitions are logged at info; the CLI shows them only with FLEETLEDGER_LOG=info.
-    level = logging.getLevelNamesMapping().get(
-        os.environ.get("FLEETLEDGER_LOG", "warning").upper(), logging.WARNING
-    )
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=False),
-        ],
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-    )
+    # Transitions are logged at info; the CLI shows them only with FLEETLEDGER_LOG=info
+    # (FLEETLEDGER_LOG_FORMAT=json for JSON lines). A bad value is said, then ignored:
+    # a logging typo must not stop a forensics command at 3 a.m.
+    level = os.environ.get("FLEETLEDGER_LOG", "warning")
+    fmt = os.environ.get("FLEETLEDGER_LOG_FORMAT", "console")
+    try:
+        configure_logging(level, fmt)  # type: ignore[arg-type]
+    except ValueError as exc:
+        configure_logging()
+        typer.echo(
+            f"fleetledger: warning: {exc}; logging at warning level to the console", err=True
+        )
 
 
 def _fail(message: str) -> typer.Exit:

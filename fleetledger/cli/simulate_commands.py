@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -11,6 +13,7 @@ from pydantic import ValidationError
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.ledger_commands import membership
 from fleetledger.cli.replay_commands import CommandLineError, replay
+from fleetledger.controller.logs import configure_logging
 
 
 @app.command()
@@ -50,6 +53,9 @@ def simulate(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
     ] = None,
+    log_json: Annotated[
+        bool, typer.Option(help="Log every shard transition as a JSON line on stderr.")
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -104,9 +110,14 @@ def simulate(
     except ValueError as exc:
         raise CommandLineError(str(exc)) from None
 
-    with open_log(db) as log:
-        echo = (lambda line: typer.echo(line, err=True)) if as_json else typer.echo
-        result = run_simulation(log, spec, echo)
+    if log_json:
+        configure_logging("info", "json")
+    # Ray prints a line on the driver's stdout for every worker that dies unexpectedly
+    # (which chaos does on purpose); stdout carries this command's answer, so everything
+    # Ray prints goes to stderr while the cluster runs.
+    progress = sys.stderr if as_json else sys.stdout
+    with open_log(db) as log, contextlib.redirect_stdout(sys.stderr):
+        result = run_simulation(log, spec, lambda line: typer.echo(line, file=progress))
     if as_json:
         typer.echo(
             json.dumps(

@@ -1,0 +1,75 @@
+"""``fleetledger simulate`` as a user runs it: a real subprocess with its own Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetledger.controller.ledger import load_view
+from fleetledger.events.log import EventLog
+from fleetledger.projections.shard_states import ShardState
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
+
+pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
+
+
+def _simulate(*args: str, db: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "FLEETLEDGER_DB": db}
+    return subprocess.run(
+        [str(CONSOLE_SCRIPT), "simulate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_simulate_with_a_kill_prints_membership_and_replay(sqlite_url):
+    done = _simulate("--shards", "3", "--steps", "3", "--kill", "2@2", db=sqlite_url)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "chaos: kill shard 2" in out
+    assert "step 3/3" in out
+    assert "HEALTHY → DEAD" in out and "actor death confirmed" in out
+    assert "run ended (completed)" in out
+    assert "(raylet)" not in out  # Ray's own chatter goes to stderr
+    log = EventLog.open(sqlite_url)
+    (run,) = [r.run_id for r in log.runs()]
+    view = load_view(log, run)
+    assert view.state_of(2) is ShardState.DEAD and view.ended.outcome == "completed"
+    log.close()
+
+
+@pytest.mark.slow
+def test_simulate_json_prints_one_clean_document(sqlite_url):
+    done = _simulate("--shards", "2", "--steps", "2", "--json", "--log-json", db=sqlite_url)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)  # nothing else on stdout
+    assert doc["outcome"] == "completed" and doc["steps_done"] == 2
+    assert doc["rollouts"]["committed"] == 2 * 4 * 4  # steps × groups × rollouts per group
+    assert "step 2/2" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kill", "2"], "--kill '2': expected SHARD@STEP, e.g. 2@5"),
+        (["--kill", "9@1"], "shard 9 does not exist (shards 0..3)"),
+        (["--freeze", "1@99"], "step 99 is outside 1..5"),
+        (["--probe-timeout", "1", "--probe-interval", "0.5"], "probe_timeout_s"),
+        (["--shards", "0"], "shards must be >= 1"),
+    ],
+)
+def test_bad_simulate_options_are_one_line_errors(args, message, sqlite_url, tmp_path):
+    done = _simulate(*args, db=sqlite_url, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "ledger.db").exists()  # nothing was recorded
