@@ -8,8 +8,11 @@ bench/bench_controller.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -299,3 +302,86 @@ def test_three_blips_among_many_successes_never_condemn(log):
     failures = sum(o.infra_failures for w in windows for o in w.outcomes if o.shard == 0)
     successes = sum(o.successes for w in windows for o in w.outcomes if o.shard == 0)
     assert failures == 3 and successes > 3 * 3
+
+
+# ── the controller itself dies ─────────────────────────────────────────────────
+
+
+def _start_controller(url: str, run: str, address: str, prefix: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "FLEETLEDGER_LOG": "warning"}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.controller_process",
+            url,
+            run,
+            address,
+            NAMESPACE,
+            prefix,
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+
+
+NAMESPACE = "fleetledger-tests"
+
+
+def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, ray_cluster):
+    prefix = f"restart-{time.time_ns()}"
+    fleet = RayShardFleet.spawn(
+        3, simulated_shard_factory(prefix, generation_s=0.01, namespace=NAMESPACE)
+    )
+    pids = fleet.pids()
+    log = EventLog.open(sqlite_url)
+    config = simulation_config(probe_interval_s=0.3, probe_timeout_s=0.2)
+    run = f"restart-{time.time_ns()}"
+    Ledger.start(
+        log,
+        run,
+        config.fleet_config(
+            shard_count=3, train_world_size=1, base_urls=[f"ray://{i}" for i in range(3)]
+        ),
+    )
+
+    def probes_after(seq: int) -> list[RecordedEvent]:
+        return [
+            r for r in log.read(run, seq) if r.event.type in ("probe_succeeded", "probe_failed")
+        ]
+
+    first = _start_controller(sqlite_url, run, ray_cluster, prefix)
+    try:
+        json.loads(first.stdout.readline())
+        _wait_for(lambda: len(probes_after(1)) >= 6)  # it probes
+        os.kill(pids[1], signal.SIGKILL)
+        _wait_for(lambda: load_view(log, run).state_of(1) is ShardState.DEAD)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        first.kill()
+        first.wait(30)
+    before = load_view(log, run)
+    head = log.head(run)
+
+    second = _start_controller(sqlite_url, run, ray_cluster, prefix)
+    try:
+        resumed = json.loads(second.stdout.readline())
+        assert resumed["epoch"] == before.epoch == 1
+        assert resumed["seq"] == head
+        assert {int(s): d["state"] for s, d in resumed["shards"].items()} == {
+            r.index: r.state.value for r in before.shards
+        }
+        # It carries on probing: the survivors, not the dead shard.
+        _wait_for(lambda: len(probes_after(head)) >= 4)
+        assert {r.event.shard for r in probes_after(head)} == {0, 2}
+    finally:
+        second.terminate()
+        second.wait(30)
+    after = load_view(log, run)
+    assert after.epoch == before.epoch and after.serving == (0, 2)
+    fleet.shutdown()
+    log.close()

@@ -142,7 +142,13 @@ class RayShardFleet:
         timeout_s: float,
         bound: str,
     ) -> dict[int, ProbeResult]:
-        """One call per shard, all in flight at once, one deadline for the lot."""
+        """One call per shard, all in flight at once, one deadline for the lot.
+
+        The deadline starts before the first call is submitted, so submitting to a large
+        fleet does not stretch the round; results are fetched in one ``ray.get`` when all
+        succeeded (one call per result costs ~0.4 ms: 25 ms over 64 shards).
+        """
+        deadline = time.monotonic() + timeout_s
         refs: dict[Any, int] = {}
         results: dict[int, ProbeResult] = {}
         for shard in shards:
@@ -151,16 +157,23 @@ class RayShardFleet:
                 results[shard] = ProbeResult("died", "no actor for this shard in the cluster")
             else:
                 refs[call(handle)] = shard
-        if refs:
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+        if not refs:
+            return results
+        ready, _ = ray.wait(
+            list(refs), num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic())
+        )
+        try:
+            ray.get(ready, timeout=0)
+            results.update((refs[ref], ProbeResult.ok()) for ref in ready)
+        except Exception:  # at least one failed: look at each
             for ref in ready:
                 try:
                     ray.get(ref, timeout=0)
                     results[refs[ref]] = ProbeResult.ok()
                 except Exception as exc:
                     results[refs[ref]] = probe_result_of(exc)
-            for shard in refs.values():
-                results.setdefault(shard, ProbeResult("timeout", f"no answer within {bound}"))
+        for shard in refs.values():
+            results.setdefault(shard, ProbeResult("timeout", f"no answer within {bound}"))
         return results
 
     def wait_ready(self, shards: Iterable[int], timeout_s: float) -> None:
