@@ -385,3 +385,28 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
     assert after.epoch == before.epoch and after.serving == (0, 2)
     fleet.shutdown()
     log.close()
+
+
+def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
+    config = simulation_config(
+        probe_interval_s=0.3,
+        probe_timeout_s=0.2,
+        generation_timeout_s=1.0,
+        restart_dead_shards=True,
+    )
+    result, _ = _simulate(
+        log, config=config, shards=3, steps=15, generation_s=0.2, chaos=(Chaos("kill", 1, 2),)
+    )
+    assert result.outcome == "completed", result.cause
+    states = [state for _, state in _transitions(log, result.run, 1)]
+    # DEAD → RESTARTING → STALE (it holds start-up weights) → HEALTHY only by a refit.
+    assert states[:4] == ["DEAD", "RESTARTING", "STALE", "HEALTHY"], states
+    events = _events(log, result.run)
+    readmitted = next(seq for seq, state in _transitions(log, result.run, 1) if state == "HEALTHY")
+    (by,) = [r.event for r in events if r.seq == readmitted]
+    assert by.type == "refit_completed" and 1 in by.shards
+    view = load_view(log, result.run)
+    assert view.state_of(1) is ShardState.HEALTHY and view.shards[1].restart_attempts == 1
+    assert view.shards[1].weight_version == 15
+    # Re-admission moved the epoch twice: out at the death, back in at the refit.
+    assert view.epoch == 2

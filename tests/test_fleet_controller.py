@@ -175,3 +175,15 @@ def test_exhaustion_on_a_watchdog_tick_halts(log):
     assert controller.tick_watchdog().action == "exhausted"
     assert halted and halted[0].startswith("only 1 generation shard(s) serving")
     assert ledger.view.ended.outcome == "failed"
+
+
+def test_a_death_recorded_outside_the_probes_is_queued_for_restart_on_the_next_round(log):
+    """Story: a rollout saw ActorDiedError and recorded the death itself; the probe round
+    that followed changed nothing, and the dead shard was never restarted."""
+    ledger = Ledger.start(log, "r", fleet_config(3))
+    controller = _controller(ledger, ScriptedFleet())
+    ledger.actor_died(1, "ActorDiedError: seen by a rollout")
+    probe_round = controller.pump.probe_round()
+    assert probe_round.transitions == ()
+    assert controller.queue_restarts() == []  # the round queued it already
+    assert controller.restart(1) == "STALE"

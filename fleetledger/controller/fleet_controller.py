@@ -179,9 +179,10 @@ class FleetController:
 
     # ── restarts ────────────────────────────────────────────────────────────
 
-    def _after_round(self, probe_round: ProbeRound) -> None:
-        health = self.config.fleet_health
-        if probe_round.transitions and health.restart_dead_shards:
+    def _after_round(self, _round: ProbeRound) -> None:
+        # Every round, not only rounds that condemned someone: a death recorded by a
+        # rollout or by another process is folded in at the round's start.
+        if self.config.fleet_health.restart_dead_shards:
             self.queue_restarts()
 
     def queue_restarts(self) -> list[int]:

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import ray
+import structlog
 
 from fleetledger.controller.config import ControllerConfig
 from fleetledger.controller.deadlines import RolloutDeadlines
@@ -56,11 +57,14 @@ from fleetledger.controller.retry_policy import (
     run_rollout,
 )
 from fleetledger.controller.shard_selector import ShardSelector
+from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
 
 __all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_simulation"]
 
 ADAPTER = "simulate.rollouts"
+
+_log = structlog.get_logger("fleetledger.simulate")
 
 
 ChaosAction = Literal["kill", "freeze", "wedge", "blip"]
@@ -213,7 +217,14 @@ class _Simulation:
             async with self.deadlines.generation():
                 result = await self.fleet.generate(attempt.shard, request)
         except Exception as exc:
-            self.report_failure(attempt.shard, exc)
+            try:
+                self.report_failure(attempt.shard, exc)
+            except LedgerError as problem:
+                # The rollout's own failure must keep its classification (infra): a
+                # ledger hiccup raised from here would be classified as data instead.
+                _log.error(
+                    "rollout failure not recorded", shard=attempt.shard, problem=str(problem)
+                )
             raise
         self.window.success(attempt.shard)
         return result
