@@ -154,13 +154,16 @@ def bench_ingest(outcomes: int, db_dir: Path) -> None:
     )
     log.close()
 
+    def one_outcome_windows(count: int) -> list[OutcomeWindowReported]:
+        return [
+            OutcomeWindowReported(
+                adapter="bench", outcomes=(ShardOutcomes(shard=i % shards, successes=1),)
+            )
+            for i in range(count)
+        ]
+
     # 2. One window event (one shard, one outcome) per durable transaction.
-    events = [
-        OutcomeWindowReported(
-            adapter="bench", outcomes=(ShardOutcomes(shard=i % shards, successes=1),)
-        )
-        for i in range(min(outcomes, 20_000))
-    ]
+    events = one_outcome_windows(min(outcomes, 20_000))
     log, ledger = fresh("ingest-single")
     t = time.perf_counter()
     for e in events:
@@ -173,12 +176,7 @@ def bench_ingest(outcomes: int, db_dir: Path) -> None:
     log.close()
 
     # 3. Window events 1,000 per transaction.
-    events = [
-        OutcomeWindowReported(
-            adapter="bench", outcomes=(ShardOutcomes(shard=i % shards, successes=1),)
-        )
-        for i in range(outcomes)
-    ]
+    events = one_outcome_windows(outcomes)
     log, ledger = fresh("ingest-batched")
     t = time.perf_counter()
     for start in range(0, len(events), 1000):
