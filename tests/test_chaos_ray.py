@@ -410,3 +410,36 @@ def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
     assert view.shards[1].weight_version == 15
     # Re-admission moved the epoch twice: out at the death, back in at the refit.
     assert view.epoch == 2
+
+
+def test_a_stall_is_recorded_and_abort_ends_the_run_with_its_cause(log):
+    """Every shard wedged and no generation deadline: nothing fails, nothing moves. Only
+    the watchdog can say so; with stall_action=abort it ends the run and the parked
+    step is cancelled (its rollouts drained, never committed as rows)."""
+    config = simulation_config(
+        probe_interval_s=0.5,
+        probe_timeout_s=0.25,
+        generation_timeout_s=None,
+        stall_timeout_s=4.0,
+        stall_action="abort",
+    )
+    result, _ = _simulate(
+        log,
+        config=config,
+        shards=2,
+        steps=3,
+        generation_s=0.05,
+        chaos=(Chaos("wedge", 0, 2), Chaos("wedge", 1, 2)),
+    )
+    assert result.outcome == "aborted"
+    assert result.cause.startswith("no progress for ")
+    events = _events(log, result.run)
+    (stall,) = [r.event for r in events if r.event.type == "stall_detected"]
+    # Generations already running when the wedge lands may finish their step; the step
+    # after it cannot.
+    assert stall.train_steps == result.steps_done < 3
+    assert stall.action == "abort" and stall.idle_s >= 4.0
+    assert [r.event.type for r in events][-1] == "run_ended"
+    assert result.counters["cancelled"] >= 1
+    view = load_view(log, result.run)
+    assert view.serving == (0, 1)  # wedged engines answer probes: nobody was condemned

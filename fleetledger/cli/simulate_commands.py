@@ -49,6 +49,15 @@ def simulate(
     ] = False,
     probe_interval: Annotated[float, typer.Option(help="Seconds between probe rounds.")] = 0.5,
     probe_timeout: Annotated[float, typer.Option(help="Bound of one probe round.")] = 0.25,
+    generation_timeout: Annotated[
+        float, typer.Option(help="Deadline of one generation in seconds; 0 = none.")
+    ] = 5.0,
+    stall_timeout: Annotated[
+        float, typer.Option(help="Seconds without progress before a stall is declared.")
+    ] = 60.0,
+    stall_action: Annotated[
+        str, typer.Option(help="What a stall does: warn (record it) or abort (end the run).")
+    ] = "warn",
     run: Annotated[str | None, typer.Option(help="Run id [default: sim-<time>-<random>].")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
@@ -98,6 +107,9 @@ def simulate(
                 probe_interval_s=probe_interval,
                 probe_timeout_s=probe_timeout,
                 restart_dead_shards=restart,
+                generation_timeout_s=generation_timeout or None,
+                stall_timeout_s=stall_timeout,
+                stall_action=stall_action,  # type: ignore[arg-type]  # validated by the model
             ),
             run=run,
             metrics_port=metrics_port,

@@ -101,8 +101,10 @@ def simulation_config(
     probe_interval_s: float = 0.5,
     probe_timeout_s: float = 0.25,
     restart_dead_shards: bool = False,
-    generation_timeout_s: float = 5.0,
+    generation_timeout_s: float | None = 5.0,
     min_healthy_shards: int = 1,
+    stall_timeout_s: float = 60.0,
+    stall_action: Literal["warn", "abort"] = "warn",
 ) -> ControllerConfig:
     """The controller configuration of a simulated run: fleet health on, short clocks."""
     return ControllerConfig.model_validate(
@@ -116,7 +118,11 @@ def simulation_config(
             },
             "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 1.0},
             "timeouts": {"generation_timeout_s": generation_timeout_s},
-            "watchdog": {"interval_s": 0.5, "stall_timeout_s": 60.0},
+            "watchdog": {
+                "interval_s": 0.5,
+                "stall_timeout_s": stall_timeout_s,
+                "stall_action": stall_action,
+            },
             "refit": {"refit_timeout_s": 2.0, "grace_s": 1.0},
         }
     )
@@ -198,6 +204,8 @@ class _Simulation:
         self.train_steps = 0
         self.committed_groups = 0
         self.halted = threading.Event()
+        self.step_task: asyncio.Future[None] | None = None
+        self.event_loop: asyncio.AbstractEventLoop | None = None
         self.frozen: list[int] = []
         # Set up by run() once the ledger and the cluster exist.
         self.ledger: Ledger
@@ -328,14 +336,33 @@ class _Simulation:
             work_remains=self.train_steps < self.spec.steps,
         )
 
+    def halt(self, _cause: str) -> None:
+        """The controller ended the run (stall abort, exhaustion): stop the step now.
+
+        Called from the watchdog's thread; a step parked on hung generations would
+        otherwise never look at the flag. Cancelling drains the step's rollouts.
+        """
+        self.halted.set()
+        task, loop = self.step_task, self.event_loop
+        if task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)
+
     async def loop(self) -> tuple[str, str]:
+        self.event_loop = asyncio.get_running_loop()
         for step in range(1, self.spec.steps + 1):
             if self.halted.is_set():
                 break
+            self.step_task = asyncio.ensure_future(self.step(step))
             try:
-                await self.step(step)
+                await self.step_task
             except RolloutAbandoned as exc:
                 return "failed", self.controller.end_run_failed(str(exc))
+            except asyncio.CancelledError:
+                if not self.halted.is_set():
+                    raise
+                break
+            finally:
+                self.step_task = None
             m = self.ledger.membership
             snapshot = self.counters.snapshot()
             redispatched = sum(snapshot["redispatched"].values())  # type: ignore[union-attr]
@@ -387,7 +414,7 @@ class _Simulation:
                 spec.config,
                 progress=self.progress,
                 rollouts=self.counters.snapshot,
-                on_halt=lambda _cause: self.halted.set(),
+                on_halt=self.halt,
             )
             if spec.metrics_port is not None:
                 server, _ = self.controller.metrics.serve(spec.metrics_port)
