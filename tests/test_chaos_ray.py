@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -66,8 +67,12 @@ def fleet(ray_cluster: str, request: pytest.FixtureRequest) -> Iterator[RayShard
     fleet.shutdown()
 
 
-def _controller(log: EventLog, fleet: RayShardFleet, **health: object) -> FleetController:
-    config = simulation_config(probe_interval_s=0.5, probe_timeout_s=0.3)
+def _controller(
+    log: EventLog, fleet: RayShardFleet, *, probe_interval_s: float = 2.0, **health: object
+) -> FleetController:
+    # A generous probe timeout: on a loaded 2-core machine a healthy actor can take a few
+    # hundred ms to answer, and these tests count rounds exactly.
+    config = simulation_config(probe_interval_s=probe_interval_s, probe_timeout_s=1.0)
     config = config.model_copy(
         update={"fleet_health": config.fleet_health.model_copy(update=health)}
     )
@@ -111,20 +116,20 @@ def test_sigkill_of_an_idle_shard_is_dead_on_the_next_probe_round(log, fleet):
 
 def test_sigkill_with_the_pump_running_records_death_before_any_later_success(log, fleet):
     """'Within one probe interval': no probe after the kill ever saw shard 1 alive."""
-    controller = _controller(log, fleet)
+    controller = _controller(log, fleet, probe_interval_s=1.5)
     ledger = controller.ledger
     controller.start()
     try:
         _wait_for(lambda: controller.pump.rounds >= 2)
-        killed_at_us = time.time_ns() // 1000
         os.kill(fleet.pids()[1], signal.SIGKILL)
         _wait_for(lambda: ledger.membership.states[1] == "DEAD")
     finally:
         controller.stop()
-    after_kill = [r for r in _events(log, ledger.run) if r.at_us >= killed_at_us]
-    about_1 = [r.event.type for r in after_kill if getattr(r.event, "shard", None) == 1]
-    assert about_1[0] == "actor_death_confirmed"
-    assert "probe_succeeded" not in about_1
+    about_1 = [r.event.type for r in _events(log, ledger.run) if getattr(r.event, "shard", 0) == 1]
+    # The round after the last one that saw it alive recorded the death: no failed or
+    # timed-out probe in between, no counting.
+    assert about_1[-1] == "actor_death_confirmed"
+    assert set(about_1[:-1]) == {"probe_succeeded"}
 
 
 def test_sigstop_is_dead_after_threshold_rounds_and_sigcont_does_not_revive(log, fleet):
@@ -218,7 +223,7 @@ def test_a_wedged_engine_answers_probes_and_the_adapters_reports_condemn_it(log,
 def _simulate(log: EventLog, **spec: object) -> tuple[SimulationResult, list[str]]:
     lines: list[str] = []
     config = spec.pop("config", None) or simulation_config(
-        probe_interval_s=0.5, probe_timeout_s=0.3, generation_timeout_s=1.0
+        probe_interval_s=1.0, probe_timeout_s=0.5, generation_timeout_s=1.0
     )
     result = run_simulation(
         log,
@@ -331,6 +336,19 @@ def _start_controller(url: str, run: str, address: str, prefix: str) -> subproce
 NAMESPACE = "fleetledger-tests"
 
 
+def _first_line(process: subprocess.Popen[str], timeout_s: float = 120.0) -> dict[str, object]:
+    """The controller's first line (its resumed membership), without hanging the suite."""
+    ready, _, _ = select.select([process.stdout], [], [], timeout_s)
+    if not ready:
+        raise AssertionError(f"the controller process printed nothing in {timeout_s}s")
+    line = process.stdout.readline()  # type: ignore[union-attr]
+    if not line:
+        raise AssertionError(
+            f"the controller process exited ({process.wait(30)}) before it started"
+        )
+    return json.loads(line)
+
+
 def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, ray_cluster):
     prefix = f"restart-{time.time_ns()}"
     fleet = RayShardFleet.spawn(
@@ -355,7 +373,7 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
 
     first = _start_controller(sqlite_url, run, ray_cluster, prefix)
     try:
-        json.loads(first.stdout.readline())
+        _first_line(first)
         _wait_for(lambda: len(probes_after(1)) >= 6)  # it probes
         os.kill(pids[1], signal.SIGKILL)
         _wait_for(lambda: load_view(log, run).state_of(1) is ShardState.DEAD)
@@ -369,7 +387,7 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
 
     second = _start_controller(sqlite_url, run, ray_cluster, prefix)
     try:
-        resumed = json.loads(second.stdout.readline())
+        resumed = _first_line(second)
         assert resumed["epoch"] == before.epoch == 1
         assert resumed["seq"] == head
         assert {int(s): d["state"] for s, d in resumed["shards"].items()} == {
@@ -378,19 +396,19 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
         # It carries on probing: the survivors, not the dead shard.
         _wait_for(lambda: len(probes_after(head)) >= 4)
         assert {r.event.shard for r in probes_after(head)} == {0, 2}
+        after = load_view(log, run)
+        assert after.epoch == before.epoch and after.serving == (0, 2)
     finally:
-        second.terminate()
+        second.kill()
         second.wait(30)
-    after = load_view(log, run)
-    assert after.epoch == before.epoch and after.serving == (0, 2)
-    fleet.shutdown()
-    log.close()
+        fleet.shutdown()
+        log.close()
 
 
 def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
     config = simulation_config(
-        probe_interval_s=0.3,
-        probe_timeout_s=0.2,
+        probe_interval_s=0.6,
+        probe_timeout_s=0.4,
         generation_timeout_s=1.0,
         restart_dead_shards=True,
     )
@@ -399,8 +417,10 @@ def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
     )
     assert result.outcome == "completed", result.cause
     states = [state for _, state in _transitions(log, result.run, 1)]
-    # DEAD → RESTARTING → STALE (it holds start-up weights) → HEALTHY only by a refit.
-    assert states[:4] == ["DEAD", "RESTARTING", "STALE", "HEALTHY"], states
+    # DEAD → RESTARTING → STALE (it holds start-up weights) → HEALTHY only by a refit
+    # (a slow probe on a loaded machine may add a SUSPECT on either side).
+    core = [state for state in states if state != "SUSPECT"]
+    assert core[:4] == ["DEAD", "RESTARTING", "STALE", "HEALTHY"], states
     events = _events(log, result.run)
     readmitted = next(seq for seq, state in _transitions(log, result.run, 1) if state == "HEALTHY")
     (by,) = [r.event for r in events if r.seq == readmitted]
@@ -408,8 +428,12 @@ def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
     view = load_view(log, result.run)
     assert view.state_of(1) is ShardState.HEALTHY and view.shards[1].restart_attempts == 1
     assert view.shards[1].weight_version == 15
-    # Re-admission moved the epoch twice: out at the death, back in at the refit.
-    assert view.epoch == 2
+    # The epoch moved at the death and again at the re-admitting refit.
+    death = _death_seq(log, result.run, 1)
+    for seq in (death, readmitted):
+        assert (
+            load_view(log, result.run, seq).epoch == load_view(log, result.run, seq - 1).epoch + 1
+        )
 
 
 def test_a_stall_is_recorded_and_abort_ends_the_run_with_its_cause(log):

@@ -7,6 +7,7 @@ controller against real Ray actors killed and frozen with real signals.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 
 import pytest
@@ -187,3 +188,63 @@ def test_a_death_recorded_outside_the_probes_is_queued_for_restart_on_the_next_r
     assert probe_round.transitions == ()
     assert controller.queue_restarts() == []  # the round queued it already
     assert controller.restart(1) == "STALE"
+
+
+def test_the_loops_survive_errors_that_are_not_the_ledgers(log):
+    """Story: one RaySystemError in a probe round used to end probing for the rest of
+    the run, silently; a failing progress source killed the watchdog the same way."""
+
+    class Flaky(ScriptedFleet):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def probe(self, shards, timeout_s):
+            self.calls += 1
+            if self.calls <= 2:
+                raise RuntimeError("RaySystemError: the raylet is restarting")
+            return super().probe(shards, timeout_s)
+
+    ticks = [0]
+
+    def progress() -> TrainingProgress:
+        ticks[0] += 1
+        if ticks[0] <= 2:
+            raise RuntimeError("the trainer's counters are not there yet")
+        return TrainingProgress(ticks[0], 0, 0, True)
+
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    config = ControllerConfig.model_validate(
+        {
+            "fleet_health": {"enabled": True, "probe_interval_s": 0.05, "probe_timeout_s": 0.01},
+            "watchdog": {"interval_s": 0.05, "stall_timeout_s": 60.0},
+        }
+    )
+    fleet = Flaky()
+    controller = FleetController(ledger, fleet, config, progress=progress).start()
+    try:
+        deadline = time.monotonic() + 30
+        while (controller.pump.rounds < 3 or ticks[0] < 4) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        controller.stop()
+    assert fleet.calls > 2 and controller.pump.rounds >= 3
+    assert ticks[0] >= 4
+    assert ledger.view.progress is not None  # the watchdog recorded progress after all
+
+
+def test_an_interrupted_restart_is_driven_again(log, sqlite_url):
+    """A controller killed between restart_requested and replacement_loaded leaves the
+    shard RESTARTING; the next controller records the interruption and restarts it."""
+    ledger = Ledger.start(log, "r", fleet_config(3))
+    ledger.actor_died(1, "gone")
+    ledger.restart_requested(1)  # … and then the controller died
+    resumed = Ledger.resume(EventLog.open(sqlite_url), "r")
+    fleet = ScriptedFleet()
+    controller = _controller(resumed, fleet)
+    assert controller.queue_restarts() == [1]
+    assert controller.restart(1) == "STALE"
+    types = [r.event.type for r in resumed.log.read("r", 1)]
+    assert types[-3:] == ["restart_failed", "restart_requested", "replacement_loaded"]
+    assert resumed.view.shards[1].restart_attempts == 2
+    assert fleet.restarted == [1]

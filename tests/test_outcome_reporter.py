@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fleetledger.controller.failure_taxonomy import FailureKind
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.outcome_reporter import OutcomeReporter, OutcomeWindow
-from fleetledger.events.errors import LedgerError
+from fleetledger.events.errors import AppendRejected
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import OutcomeWindowReported
 from fleetledger.projections.shard_states import ShardState
@@ -103,17 +103,30 @@ def test_reporter_hands_over_a_window_once_it_is_old_enough(sqlite_url):
     ledger.log.close()
 
 
-def test_a_failed_hand_over_keeps_the_window(sqlite_url):
+def test_a_refused_window_is_dropped_with_the_error_and_later_windows_go_through(sqlite_url):
     ledger = _started(sqlite_url, "r1", shards=2)
     reporter = OutcomeReporter(sqlite_url, "r1", "a", window_s=3600)
     reporter.success(0, 2)
     reporter.failure(5, TimeoutError("t"))  # shard 5 does not exist in this run
-    with pytest.raises(LedgerError, match="shard 5 is out of range"):
+    with pytest.raises(AppendRejected, match="shard 5 is out of range"):
         reporter.flush()
-    assert ledger.log.head("r1") == 1  # nothing written
-    outcomes = reporter._window.take()  # nothing lost either
-    assert [(o.shard, o.successes, len(o.failures)) for o in outcomes] == [(0, 2, 0), (5, 0, 1)]
+    assert ledger.log.head("r1") == 1  # nothing of the refused window was written
+    reporter.success(1)
+    assert reporter.flush() == 2  # not blocked by the refused one
+    (recorded,) = ledger.log.read("r1", 1)
+    assert [(o.shard, o.successes) for o in recorded.event.outcomes] == [(1, 1)]
     reporter.close()
+    ledger.log.close()
+
+
+def test_reporting_after_the_run_ended_is_refused_by_name(sqlite_url):
+    ledger = _started(sqlite_url, "r1")
+    ledger.end_run("completed", "done")
+    with OutcomeReporter(sqlite_url, "r1", "a", window_s=3600) as reporter:
+        reporter.success(0)
+        with pytest.raises(AppendRejected, match="the run ended at seq 2"):
+            reporter.flush()
+        assert reporter.flush() is None  # dropped, said once
     ledger.log.close()
 
 

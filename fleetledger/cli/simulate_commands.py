@@ -75,6 +75,7 @@ def simulate(
     watches; then the run's membership and replay are printed.
     """
     try:
+        from fleetledger.controller.ray_fleet import ShardSpawnError
         from fleetledger.controller.simulation import (
             SimulationSpec,
             parse_chaos,
@@ -114,6 +115,8 @@ def simulate(
             run=run,
             metrics_port=metrics_port,
         )
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
@@ -129,7 +132,12 @@ def simulate(
     # Ray prints goes to stderr while the cluster runs.
     progress = sys.stderr if as_json else sys.stdout
     with open_log(db) as log, contextlib.redirect_stdout(sys.stderr):
-        result = run_simulation(log, spec, lambda line: typer.echo(line, file=progress))
+        try:
+            result = run_simulation(log, spec, lambda line: typer.echo(line, file=progress))
+        except ShardSpawnError as exc:
+            raise CommandLineError(f"the generation shards did not start: {exc}") from None
+        except OSError as exc:  # e.g. the metrics port is taken
+            raise CommandLineError(f"simulate: {exc}") from None
     if as_json:
         typer.echo(
             json.dumps(

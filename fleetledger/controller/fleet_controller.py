@@ -35,6 +35,8 @@ __all__ = ["FleetController", "RestartableFleet", "TrainingProgress"]
 
 _log = structlog.get_logger("fleetledger.controller")
 
+_RESTARTABLE = (ShardState.DEAD.value, ShardState.RESTARTING.value)
+
 
 @dataclass(frozen=True, slots=True)
 class TrainingProgress:
@@ -98,10 +100,12 @@ class FleetController:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every loop; a restart in progress is let finish (bounded by its timeout),
+        so nobody touches the fleet after this returns."""
         self._stop.set()
         self._restarts.put(None)
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(timeout_s + self._restart_ready_timeout_s)
         self._threads.clear()
 
     def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
@@ -144,14 +148,19 @@ class FleetController:
         return self._last_sample
 
     def tick_watchdog(self) -> TickDecision:
-        """One watchdog tick with the training loop's current progress."""
+        """One watchdog tick with the training loop's current progress.
+
+        Under the ledger's lock: the tick reads the view and may append twice
+        (``fleet_exhausted`` then ``run_ended``), and nothing may end the run in between.
+        """
         p = self._progress()
-        decision = self.watchdog.tick(
-            committed_groups=p.committed_groups,
-            train_steps=p.train_steps,
-            in_flight=p.in_flight,
-            work_remains=p.work_remains,
-        )
+        with self.ledger.lock:
+            decision = self.watchdog.tick(
+                committed_groups=p.committed_groups,
+                train_steps=p.train_steps,
+                in_flight=p.in_flight,
+                work_remains=p.work_remains,
+            )
         if decision.action == "ended":
             return decision  # the last sample stays what it was when the run ended
         self._last_sample = ProgressSample(
@@ -159,7 +168,9 @@ class FleetController:
         )
         if decision.action == "exhausted":
             self._halt(decision.cause)
-        elif decision.action == "abort" and decision.stall_recorded:
+        elif decision.action == "abort" and self.halted is None:
+            # Every tick of the episode, not only the one that recorded it: an end that
+            # failed to append once is tried again on the next tick.
             with self.ledger.lock:
                 if self.ledger.view.ended is None:
                     self.ledger.end_run("aborted", decision.cause)
@@ -176,6 +187,8 @@ class FleetController:
                     return
             except LedgerError as exc:
                 _log.error("watchdog tick not recorded", run=self.ledger.run, problem=str(exc))
+            except Exception:  # the watchdog must outlive whatever it is watching
+                _log.exception("watchdog tick failed", run=self.ledger.run)
 
     # ── restarts ────────────────────────────────────────────────────────────
 
@@ -186,11 +199,16 @@ class FleetController:
             self.queue_restarts()
 
     def queue_restarts(self) -> list[int]:
-        """Queue every DEAD shard not already being restarted; returns the ones queued."""
+        """Queue every DEAD shard not already being restarted; returns the ones queued.
+
+        A RESTARTING shard that no restart of this controller is driving is queued too:
+        its restart was interrupted (a controller killed mid-restart, an append that
+        failed after the actor came up) and would otherwise stay absent forever.
+        """
         queued = []
         with self._restart_lock:
             for shard, state in enumerate(self.ledger.membership.states):
-                if state == ShardState.DEAD.value and shard not in self._restarting:
+                if state in _RESTARTABLE and shard not in self._restarting:
                     self._restarting.add(shard)
                     self._restarts.put(shard)
                     queued.append(shard)
@@ -207,10 +225,12 @@ class FleetController:
                 _log.error(
                     "restart not recorded", run=self.ledger.run, shard=shard, problem=str(exc)
                 )
+            except Exception:
+                _log.exception("restart failed", run=self.ledger.run, shard=shard)
             finally:
                 with self._restart_lock:
                     self._restarting.discard(shard)
-            if self.ledger.membership.states[shard] == ShardState.DEAD.value:
+            if self.ledger.membership.states[shard] in _RESTARTABLE:
                 self._stop.wait(self.config.fleet_health.probe_interval_s)  # one try per interval
                 self.queue_restarts()
 
@@ -225,6 +245,10 @@ class FleetController:
             self.ledger.catch_up()
             if self.ledger.view.ended is not None:
                 return self.ledger.membership.states[shard]
+            if self.ledger.view.state_of(shard) is ShardState.RESTARTING:
+                self.ledger.restart_failed(
+                    shard, "the restart in progress was interrupted (no controller drove it)"
+                )
             if self.ledger.view.state_of(shard) is not ShardState.DEAD:
                 return self.ledger.view.state_of(shard).value
             self.ledger.restart_requested(shard)

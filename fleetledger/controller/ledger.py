@@ -217,11 +217,13 @@ class Ledger:
         with self._lock:
             transitions: list[Transition] = []
             before = self._view.seq
-            for page in self.log.read_pages(self.run, self._view.seq):
-                for recorded in page:
-                    transitions += self._view.apply(recorded)
-            if self._view.seq != before:
-                self._membership = Membership.of(self._view)
+            try:
+                for page in self.log.read_pages(self.run, self._view.seq):
+                    for recorded in page:
+                        transitions += self._view.apply(recorded)
+            finally:  # pages applied before a failing one count too
+                if self._view.seq != before:
+                    self._membership = Membership.of(self._view)
             for t in transitions:
                 _log.info(
                     "shard transition",

@@ -27,6 +27,7 @@ from fleetledger.controller.failure_taxonomy import (
     classify_exception,
     classify_http_status,
 )
+from fleetledger.events.errors import AppendRejected
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
 
@@ -80,12 +81,6 @@ class OutcomeWindow:
             tally = self._tallies.setdefault(shard, _ShardTally())
             tally.failures[(verdict.kind.value, verdict.reason)] += 1
         return verdict
-
-    def restore_failure(self, shard: int, failure: FailureCount) -> None:
-        """Put back a failure taken by :meth:`take` whose hand-over failed."""
-        with self._lock:
-            tally = self._tallies.setdefault(shard, _ShardTally())
-            tally.failures[(failure.category, failure.reason)] += failure.count
 
     def take(self) -> tuple[ShardOutcomes, ...]:
         """Drain the window: everything counted so far, per shard in shard order."""
@@ -147,6 +142,7 @@ class OutcomeReporter:
         self._window = OutcomeWindow()
         self._opened_at = self._clock()
         self._log: EventLog | None = None
+        self._pending: OutcomeWindowReported | None = None  # taken, not yet appended
         self._flush_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -181,31 +177,28 @@ class OutcomeReporter:
     def flush(self) -> int | None:
         """Append the window as one event; returns its seq, or None if it was empty.
 
-        On an error the window's outcomes are put back, so a failed hand-over loses
-        nothing and the next flush carries them.
+        A window the log refuses (a shard this run does not have, a run that has ended)
+        is dropped and the refusal raised: keeping it would block every later window.
+        Any other failure keeps the event, id and all, and the next flush appends that
+        same event first — if the failed append had in fact committed, the log
+        recognises the id and nothing is counted twice.
         """
         with self._flush_lock:
             self._opened_at = self._clock()
-            outcomes = self._window.take()
-            if not outcomes:
-                return None
+            if self._pending is None:
+                outcomes = self._window.take()
+                if not outcomes:
+                    return None
+                self._pending = OutcomeWindowReported(adapter=self.adapter, outcomes=outcomes)
             try:
                 if self._log is None:
                     self._log = EventLog.open(self.db_url)
-                seqs = self._log.append(
-                    self.run, [OutcomeWindowReported(adapter=self.adapter, outcomes=outcomes)]
-                )
-            except BaseException:
-                self._restore(outcomes)
+                seqs = self._log.append(self.run, [self._pending])
+            except AppendRejected:
+                self._pending = None
                 raise
+            self._pending = None
             return seqs[0]
-
-    def _restore(self, outcomes: tuple[ShardOutcomes, ...]) -> None:
-        for o in outcomes:
-            if o.successes:
-                self._window.success(o.shard, o.successes)
-            for f in o.failures:
-                self._window.restore_failure(o.shard, f)
 
     def _flush_if_due(self) -> None:
         if self._clock() - self._opened_at >= self.window_s:

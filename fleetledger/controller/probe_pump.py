@@ -102,6 +102,8 @@ class ProbePump:
                 self.probe_round()  # folds the tail first: an ended run is seen here
             except LedgerError as exc:
                 _log.error("probe round not recorded", run=self._ledger.run, problem=str(exc))
+            except Exception:  # a runtime hiccup must not end probing for the rest of the run
+                _log.exception("probe round failed", run=self._ledger.run)
             if self._ledger.membership.ended:
                 return
             next_at += interval

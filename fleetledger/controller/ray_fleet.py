@@ -101,8 +101,14 @@ class RayShardFleet:
         cls, shard_count: int, factory: ShardFactory, *, ready_timeout_s: float = 60.0
     ) -> RayShardFleet:
         """Create every shard's actor and wait (bounded) until each answers a probe."""
-        fleet = cls({shard: factory(shard) for shard in range(shard_count)}, factory=factory)
-        fleet.wait_ready(range(shard_count), ready_timeout_s)
+        fleet = cls({}, factory=factory)
+        try:
+            for shard in range(shard_count):
+                fleet._handles[shard] = factory(shard)
+            fleet.wait_ready(range(shard_count), ready_timeout_s)
+        except BaseException:
+            fleet.shutdown()  # named actors would otherwise outlive the failed start
+            raise
         return fleet
 
     @classmethod

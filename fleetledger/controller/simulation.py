@@ -63,6 +63,7 @@ from fleetledger.events.log import EventLog
 __all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_simulation"]
 
 ADAPTER = "simulate.rollouts"
+REFIT_ADAPTER = "simulate.refit"
 
 _log = structlog.get_logger("fleetledger.simulate")
 
@@ -210,7 +211,7 @@ class _Simulation:
         # Set up by run() once the ledger and the cluster exist.
         self.ledger: Ledger
         self.fleet: RayShardFleet
-        self.pids: dict[int, int]
+        self.pids: dict[int, tuple[int, int]]  # shard -> (restart attempts, pid)
         self.trainer: ray.actor.ActorHandle
         self.selector: ShardSelector
         self.controller: FleetController
@@ -221,12 +222,16 @@ class _Simulation:
         request = GenerationRequest(
             prompt_id=str(attempt.prompt_id), group_id=attempt.group_id, prompt="2+2="
         )
+        incarnation = self.ledger.membership.restart_attempts[attempt.shard]
         try:
             async with self.deadlines.generation():
                 result = await self.fleet.generate(attempt.shard, request)
         except Exception as exc:
             try:
-                self.report_failure(attempt.shard, exc)
+                if self.ledger.membership.restart_attempts[attempt.shard] == incarnation:
+                    self.report_failure(attempt.shard, exc)
+                # else: the actor that failed was replaced meanwhile; reporting its
+                # failure now would condemn the replacement.
             except LedgerError as problem:
                 # The rollout's own failure must keep its classification (infra): a
                 # ledger hiccup raised from here would be classified as data instead.
@@ -276,8 +281,26 @@ class _Simulation:
 
     # ── one step ───────────────────────────────────────────────────────────
 
+    def pid_of(self, shard: int) -> int:
+        """The shard's current process: looked up again after a restart replaced it."""
+        attempts = self.ledger.membership.restart_attempts[shard]
+        known_at, pid = self.pids[shard]
+        if known_at != attempts:
+            pid = self.fleet.call(shard, "pid", timeout_s=5.0)
+            self.pids[shard] = (attempts, pid)
+        return pid
+
     def inject(self, chaos: Chaos) -> None:
-        pid = self.pids[chaos.shard]
+        try:
+            self._inject(chaos)
+        except Exception as exc:  # a callback's exception would vanish into asyncio's log
+            self.echo(
+                f"  chaos: {chaos.action} shard {chaos.shard} during step {chaos.step} not "
+                f"done: {type(exc).__name__}: {exc}"
+            )
+
+    def _inject(self, chaos: Chaos) -> None:
+        pid = self.pid_of(chaos.shard)
         if chaos.action == "kill":
             os.kill(pid, signal.SIGKILL)
         elif chaos.action == "freeze":
@@ -318,13 +341,29 @@ class _Simulation:
         if not participants:
             return
         self.ledger.refit_started(version, participants)
+        incarnations = self.ledger.membership.restart_attempts
         bound = self.spec.config.refit.bound_s or 30.0
         results = self.fleet.set_weight_version(participants, version, bound)
+        replaced = {
+            s for s in participants if self.ledger.membership.restart_attempts[s] != incarnations[s]
+        }
+        refused = OutcomeWindow()
         for shard, result in sorted(results.items()):
+            if shard in replaced or result.kind == "ok":
+                continue
             if result.kind == "died":
                 self.ledger.actor_died(shard, result.error)
-        acknowledged = [s for s in participants if results[s].kind == "ok"]
-        self.ledger.refit_completed(version, acknowledged)
+            else:  # left out of the completion: the log says why
+                text = f"refit v{version}: {result.error}"
+                error = TimeoutError(text) if result.kind == "timeout" else ConnectionError(text)
+                refused.failure(shard, error)
+        if refused:
+            self.ledger.report_outcomes(REFIT_ADAPTER, refused.take())
+        acknowledged = [s for s in participants if results[s].kind == "ok" and s not in replaced]
+        if acknowledged:
+            self.ledger.refit_completed(version, acknowledged)
+        else:
+            self.ledger.refit_aborted(version, "no participant acknowledged the weight version")
 
     # ── the whole run ──────────────────────────────────────────────────────
 
@@ -401,42 +440,57 @@ class _Simulation:
             self.fleet = RayShardFleet.spawn(
                 spec.shards, simulated_shard_factory(prefix, generation_s=spec.generation_s)
             )
-            self.ledger = Ledger.start(log, run, fleet_config)
+            try:
+                self.ledger = Ledger.start(log, run, fleet_config)
+            except BaseException:
+                self.fleet.shutdown()
+                raise
             self.echo(
                 f"run {run}: {spec.shards} shards, {spec.steps} steps → {log.database.display_url}"
             )
-            self.pids = self.fleet.pids()
-            self.trainer = ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.train_s)
-            self.selector = ShardSelector.for_ledger(self.ledger)
-            self.controller = FleetController(
-                self.ledger,
-                self.fleet,
-                spec.config,
-                progress=self.progress,
-                rollouts=self.counters.snapshot,
-                on_halt=self.halt,
-            )
-            if spec.metrics_port is not None:
-                server, _ = self.controller.metrics.serve(spec.metrics_port)
-                self.echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
-            self.controller.start()
+            # From here on the run is recorded: every way out ends it with a cause.
+            server = None
+            controller: FleetController | None = None
+            trainer = None
             try:
+                self.pids = {shard: (0, pid) for shard, pid in self.fleet.pids().items()}
+                trainer = self.trainer = (
+                    ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.train_s)
+                )
+                self.selector = ShardSelector.for_ledger(self.ledger)
+                controller = self.controller = FleetController(
+                    self.ledger,
+                    self.fleet,
+                    spec.config,
+                    progress=self.progress,
+                    rollouts=self.counters.snapshot,
+                    on_halt=self.halt,
+                )
+                if spec.metrics_port is not None:
+                    server, _ = controller.metrics.serve(spec.metrics_port)
+                    self.echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
+                controller.start()
                 outcome, cause = asyncio.run(self.loop())
             except KeyboardInterrupt:
                 self._end_if_open("aborted", "interrupted (SIGINT) during the simulation")
                 raise
             except Exception as exc:
-                self._end_if_open("failed", f"simulation crashed: {type(exc).__name__}: {exc}")
+                self._end_if_open("failed", f"simulation failed: {type(exc).__name__}: {exc}")
                 raise
             finally:
-                self.controller.stop()
+                if controller is not None:
+                    controller.stop()
+                if server is not None:
+                    server.shutdown()
+                    server.server_close()
                 for pid in self.frozen:
                     try:
                         os.kill(pid, signal.SIGCONT)
                     except ProcessLookupError:
                         pass
                 self.fleet.shutdown()
-                ray.kill(self.trainer)
+                if trainer is not None:
+                    ray.kill(trainer)
         return SimulationResult(run, outcome, cause, self.train_steps, self.counters.snapshot())
 
 
