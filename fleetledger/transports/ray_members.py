@@ -1,0 +1,110 @@
+"""Communicator members as Ray actor methods: trainer ranks and generation workers.
+
+``CommunicatorActor`` is a mixin for *async* Ray actors (a generation shard is one): the
+collective calls run on a worker thread, so the actor's event loop keeps answering
+liveness probes while a push is in flight — a probe that waited behind a hung collective
+would condemn the wrong shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import torch
+
+from fleetledger.transports.gloo_rank import CommunicatorMember, TensorSpec, checksum
+
+__all__ = ["CommunicatorActor", "GenerationWorker", "TrainerRank", "make_parameters"]
+
+
+class CommunicatorActor:
+    """Refit methods for an async Ray actor; the member is created on first use."""
+
+    _refit_member: CommunicatorMember | None = None
+    # The generation side must be told a build's membership before it joins it (the
+    # engine needs its new rank offsets); trainers are never excluded and need not be.
+    _refit_needs_membership: bool = True
+    _refit_announced: tuple[int, dict[str, Any]] | None = None
+
+    def _member(self) -> CommunicatorMember:
+        if self._refit_member is None:
+            self._refit_member = CommunicatorMember()
+        return self._refit_member
+
+    async def refit_open_store(self, world_size: int, timeout_s: float) -> int:
+        return self._member().open_store(world_size, timeout_s)
+
+    async def refit_membership(self, build: int, layout: dict[str, Any]) -> int:
+        """Told the membership of build ``build`` (its rank layout) before joining it."""
+        self._refit_announced = (build, layout)
+        return build
+
+    async def refit_join(
+        self, build: int, port: int, world_size: int, rank: int, timeout_s: float
+    ) -> dict[str, int]:
+        announced = self._refit_announced
+        if self._refit_needs_membership and (announced is None or announced[0] != build):
+            told = "nothing" if announced is None else f"build {announced[0]}"
+            raise RuntimeError(
+                f"asked to join build {build} but told the membership of {told}: the "
+                "generation side must hear the new membership before the build"
+            )
+        return await asyncio.to_thread(
+            self._member().join, build, port, world_size, rank, timeout_s
+        )
+
+    async def refit_broadcast(self, version: int) -> dict[str, Any]:
+        return await asyncio.to_thread(self._member().broadcast, version)
+
+    async def refit_abort(self) -> bool:
+        return self._member().abort()
+
+    async def refit_allocate(self, spec: TensorSpec) -> None:
+        self._member().allocate(spec)
+
+    async def refit_checksum(self) -> str:
+        return checksum(self._member().tensors)
+
+
+def make_parameters(
+    total_bytes: int, *, tensors: int = 8, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A small model's parameters: ``tensors`` float32 tensors adding up to ~total_bytes."""
+    if total_bytes < 4 * tensors:
+        raise ValueError(f"total_bytes={total_bytes} is too small for {tensors} float32 tensors")
+    generator = torch.Generator().manual_seed(seed)
+    per_tensor = total_bytes // 4 // tensors
+    return {
+        f"layer{i}.weight": torch.randn(per_tensor, generator=generator) for i in range(tensors)
+    }
+
+
+class TrainerRank(CommunicatorActor):
+    """A trainer rank: holds the parameters, changes them each step, is rank 0's root."""
+
+    _refit_needs_membership = False
+
+    def __init__(self, total_bytes: int, *, seed: int = 0) -> None:
+        self._member().tensors = make_parameters(total_bytes, seed=seed)
+
+    async def train_step(self, version: int) -> str:
+        """Change every parameter (deterministically for ``version``); return the checksum."""
+        for tensor in self._member().tensors.values():
+            tensor.mul_(0.5).add_(float(version))
+        return checksum(self._member().tensors)
+
+    async def spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return self._member().spec()
+
+
+class GenerationWorker(CommunicatorActor):
+    """A generation worker with nothing but its communicator membership (for tests)."""
+
+    async def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    async def is_alive(self) -> bool:
+        return True
