@@ -24,46 +24,13 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
-from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer  # noqa: E402
-from fleetledger.transports.ray_members import GenerationWorker, TrainerRank  # noqa: E402
 from fleetledger.transports.weight_sync import (  # noqa: E402
     NoCollective,
     PushReport,
     ReconcileOutcome,
     RefitFailed,
 )
-
-SHARDS = 3
-
-
-class Fleet:
-    def __init__(self, total_bytes: int, refit_timeout_s: float) -> None:
-        self.trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(total_bytes)
-        self.workers = [
-            ray.remote(GenerationWorker).options(num_cpus=0).remote() for _ in range(SHARDS)
-        ]
-        spec = ray.get(self.trainer.spec.remote(), timeout=60)
-        ray.get([w.refit_allocate.remote(spec) for w in self.workers], timeout=60)
-        self.pids = ray.get([w.pid.remote() for w in self.workers], timeout=60)
-        self.sync = GlooBroadcastSynchronizer(
-            [self.trainer],
-            {s: [w] for s, w in enumerate(self.workers)},
-            refit_timeout_s=refit_timeout_s,
-            grace_s=1.0,
-            settle_s=refit_timeout_s + 2.0,
-        )
-
-    def step(self, version: int) -> str:
-        return ray.get(self.trainer.train_step.remote(version), timeout=60)
-
-    def close(self) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for actor in [self.trainer, *self.workers]:
-            ray.kill(actor, no_restart=True)
+from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
 
 @pytest.fixture

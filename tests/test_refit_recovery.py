@@ -1,0 +1,224 @@
+"""Refit recovery (REFERENCE §4) on real gloo groups between Ray actor processes.
+
+Kills and freezes are real signals; every step of a recovery must be in the log, and
+the layout the transport built must be the ledger's layout at that point.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
+from fleetledger.events.log import EventLog
+from fleetledger.projections.shard_states import ShardState
+from tests.builders import fleet_config
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
+pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
+
+from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
+
+REFIT_TIMEOUT_S = 2.0
+
+
+@pytest.fixture
+def ledger(sqlite_url: str) -> Iterator[Ledger]:
+    log = EventLog.open(sqlite_url)
+    yield Ledger.start(log, "refit", fleet_config(SHARDS, train_world_size=1))
+    log.close()
+
+
+def _fleet(total_bytes: int = 2_000_000) -> Fleet:
+    return Fleet(total_bytes=total_bytes, refit_timeout_s=REFIT_TIMEOUT_S)
+
+
+@pytest.fixture
+def fleet(ray_cluster: str) -> Iterator[Fleet]:
+    fleet = _fleet()
+    yield fleet
+    fleet.close()
+
+
+def _coordinator(fleet: Fleet, ledger: Ledger) -> RefitCoordinator:
+    return RefitCoordinator(
+        ledger,
+        fleet.sync,
+        fleet.prober(),
+        refit_timeout_s=REFIT_TIMEOUT_S,
+        grace_s=10.0,
+        probe_timeout_s=1.0,
+    )
+
+
+def _types_since(ledger: Ledger, seq: int) -> list[str]:
+    return [r.event.type for r in ledger.log.read(ledger.run, seq)]
+
+
+def _checksums(fleet: Fleet, shards) -> set[str]:
+    return {ray.get(fleet.workers[s].refit_checksum.remote(), timeout=60) for s in shards}
+
+
+def test_kill_one_of_three_at_a_step_boundary_rebuilds_without_it(fleet, ledger):
+    coordinator = _coordinator(fleet, ledger)
+    fleet.step(1)
+    assert coordinator.refit(1).participants == (0, 1, 2)
+    os.kill(fleet.pids[1], signal.SIGKILL)
+    ledger.record_probes(fleet.prober().probe(range(SHARDS), 10.0))  # the probe pump's round
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    expected = fleet.step(2)
+    outcome = coordinator.refit(2)
+    assert outcome.participants == (0, 2) and not outcome.recovered
+    assert fleet.sync.built_layout == ledger.view.layout()
+    assert _checksums(fleet, (0, 2)) == {expected}
+    # A third step with the same membership: no rebuild, counted.
+    fleet.step(3)
+    coordinator.refit(3)
+    assert (fleet.sync.rebuilds, fleet.sync.skipped_rebuilds) == (2, 1)
+
+
+def test_kill_in_the_middle_of_a_broadcast_recovers_on_the_smaller_world(ray_cluster, ledger):
+    fleet = _fleet(total_bytes=80_000_000)
+    try:
+        coordinator = _coordinator(fleet, ledger)
+        fleet.sync.reconcile(ledger.view.absent)
+        expected = fleet.step(1)
+        head = ledger.log.head(ledger.run)
+        with ThreadPoolExecutor(1) as pool:
+            refit = pool.submit(coordinator.refit, 1)
+            time.sleep(0.05)
+            os.kill(fleet.pids[2], signal.SIGKILL)
+            outcome = refit.result(timeout=300)
+        assert outcome.recovered and outcome.participants == (0, 1)
+        types = _types_since(ledger, head)
+        assert types[:2] == ["refit_started", "refit_aborted"]
+        assert "actor_death_confirmed" in types
+        assert types.index("weights_marked_partial") > types.index("actor_death_confirmed")
+        assert types[-2:] == ["refit_started", "refit_completed"]
+        assert ledger.view.state_of(2) is ShardState.DEAD
+        for shard in (0, 1):  # partial weights, then re-admitted by the retry
+            assert ledger.view.state_of(shard) is ShardState.HEALTHY
+            assert ledger.view.shards[shard].weight_version == 1
+        assert fleet.sync.built_layout == ledger.view.layout()
+        assert _checksums(fleet, (0, 1)) == {expected}
+    finally:
+        fleet.close()
+
+
+def test_a_frozen_suspect_is_condemned_as_the_silent_participant(fleet, ledger):
+    coordinator = _coordinator(fleet, ledger)
+    fleet.step(1)
+    coordinator.refit(1)
+    ledger.record_probes(
+        {
+            0: fleet.prober().probe([0], 10.0)[0],
+            1: ProbeResult("timeout", "no answer"),
+            2: ProbeResult.ok(),
+        }
+    )
+    assert ledger.view.suspected == (1,)
+    os.kill(fleet.pids[1], signal.SIGSTOP)
+    expected = fleet.step(2)
+    head = ledger.log.head(ledger.run)
+    outcome = coordinator.refit(2)
+    assert outcome.recovered and outcome.condemned == 1
+    (condemned,) = [
+        r.event
+        for r in ledger.log.read(ledger.run, head)
+        if r.event.type == "silent_participant_condemned"
+    ]
+    assert condemned.shard == 1 and "only suspect" in condemned.reason
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    assert outcome.participants == (0, 2)
+    assert fleet.sync.built_layout == ledger.view.layout()
+    assert _checksums(fleet, (0, 2)) == {expected}
+    assert ledger.view.ended is None  # the run carries on
+
+
+def test_two_frozen_suspects_end_the_run_naming_both(fleet, ledger):
+    coordinator = _coordinator(fleet, ledger)
+    fleet.step(1)
+    coordinator.refit(1)
+    os.kill(fleet.pids[0], signal.SIGSTOP)
+    os.kill(fleet.pids[2], signal.SIGSTOP)
+    fleet.step(2)
+    with pytest.raises(RunFailed, match=r"shards \[0, 2\] are suspected"):
+        coordinator.refit(2)
+    (refusal,) = [
+        r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "condemnation_refused"
+    ]
+    assert refusal.suspected == (0, 2)
+    assert ledger.view.ended.outcome == "failed"
+    assert "shards [0, 2] are suspected" in ledger.view.ended.cause
+
+
+def test_a_restarted_shard_rejoins_the_next_refit_and_serves_at_the_new_version(fleet, ledger):
+    coordinator = _coordinator(fleet, ledger)
+    fleet.step(1)
+    coordinator.refit(1)
+    os.kill(fleet.pids[1], signal.SIGKILL)
+    ledger.record_probes(fleet.prober().probe(range(SHARDS), 10.0))
+    fleet.step(2)
+    coordinator.refit(2)
+    assert fleet.sync.built_layout.world_size == 3
+    # Restart: recorded first, then the new process, then loaded (STALE: start-up weights).
+    ledger.restart_requested(1)
+    fleet.new_worker(1)
+    ledger.replacement_loaded(1)
+    assert ledger.view.state_of(1) is ShardState.STALE
+    expected = fleet.step(3)
+    outcome = coordinator.refit(3)
+    assert outcome.participants == (0, 1, 2)
+    assert fleet.sync.built_layout.world_size == 4  # the layout grew back
+    assert fleet.sync.built_layout == ledger.view.layout()
+    assert ledger.view.state_of(1) is ShardState.HEALTHY
+    assert ledger.view.shards[1].weight_version == 3
+    assert _checksums(fleet, (0, 1, 2)) == {expected}
+
+
+class _LostContext(RuntimeError):
+    context_lost = True
+
+
+class _ContextLossTransport:
+    """A transport whose push fails with a lost device context — what a CUDA fault in the
+    bulk transfer looks like. No CPU collective can lose a device context, so this one
+    case is scripted; the recovery's reaction to it is what is under test."""
+
+    def __init__(self) -> None:
+        self.reconciles: list[bool] = []
+
+    def reconcile(self, absent, *, force=False):
+        self.reconciles.append(force)
+
+    def push(self, version):
+        raise _LostContext("CUDA error: an illegal memory access was encountered")
+
+    def abort(self):
+        raise AssertionError("no rebuild may be attempted on a lost context")
+
+
+def test_a_lost_device_context_ends_the_run_at_once(ledger):
+    class NoProbes:
+        def probe(self, shards, timeout_s):
+            raise AssertionError("no probing on a lost context")
+
+    transport = _ContextLossTransport()
+    coordinator = RefitCoordinator(
+        ledger, transport, NoProbes(), refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
+    )
+    with pytest.raises(RunFailed, match="device context is lost"):
+        coordinator.refit(1)
+    aborted = [r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "refit_aborted"]
+    assert [a.context_lost for a in aborted] == [True]
+    assert transport.reconciles == [False]
+    assert "illegal memory access" in ledger.view.ended.cause
