@@ -25,7 +25,7 @@ from fleetledger.controller.fleet_controller import FleetController, TrainingPro
 from fleetledger.controller.generation_shard import GenerationRequest
 from fleetledger.controller.ledger import Ledger, load_view
 from fleetledger.controller.outcome_reporter import OutcomeReporter
-from fleetledger.controller.simulation import (
+from fleetledger.cli.simulation import (
     Chaos,
     SimulationResult,
     SimulationSpec,

@@ -49,6 +49,9 @@ def simulate(
     ] = False,
     probe_interval: Annotated[float, typer.Option(help="Seconds between probe rounds.")] = 0.5,
     probe_timeout: Annotated[float, typer.Option(help="Bound of one probe round.")] = 0.25,
+    weights_mb: Annotated[
+        float, typer.Option(help="Size of the trainer's parameters pushed at every refit.")
+    ] = 4.0,
     generation_timeout: Annotated[
         float, typer.Option(help="Deadline of one generation in seconds; 0 = none.")
     ] = 5.0,
@@ -75,16 +78,17 @@ def simulate(
     watches; then the run's membership and replay are printed.
     """
     try:
-        from fleetledger.controller.ray_fleet import ShardSpawnError
-        from fleetledger.controller.simulation import (
+        from fleetledger.cli.simulation import (
             SimulationSpec,
             parse_chaos,
             run_simulation,
             simulation_config,
         )
+        from fleetledger.controller.ray_fleet import ShardSpawnError
     except ImportError as exc:
         raise CommandLineError(
-            f"simulate needs Ray ({exc.name} is not installed): pip install 'fleetledger[ray]'"
+            f"simulate needs Ray and torch ({exc.name} is not installed): "
+            "pip install 'fleetledger[ray,torch]'"
         ) from None
     try:
         chaos = tuple(
@@ -114,6 +118,7 @@ def simulate(
             ),
             run=run,
             metrics_port=metrics_port,
+            weights_bytes=int(weights_mb * 1_000_000),
         )
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")

@@ -68,10 +68,17 @@ def shard_actor_name(prefix: str, shard: int) -> str:
 
 
 def simulated_shard_factory(
-    prefix: str, *, generation_s: float = 0.01, namespace: str | None = None
+    prefix: str,
+    *,
+    generation_s: float = 0.01,
+    namespace: str | None = None,
+    shard_class: type[SimulatedShard] = SimulatedShard,
 ) -> ShardFactory:
-    """A factory of named :class:`SimulatedShard` actors (no CPU reserved: they mostly wait)."""
-    actor_class = ray.remote(SimulatedShard)
+    """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
+
+    ``shard_class`` may add methods (e.g. a weight-sync transport's member methods).
+    """
+    actor_class = ray.remote(shard_class)
 
     def create(shard: int) -> ActorHandle:
         return actor_class.options(

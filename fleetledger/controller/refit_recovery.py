@@ -29,7 +29,7 @@ composition root hands one in.)
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
@@ -90,7 +90,7 @@ class RefitCoordinator:
         refit_timeout_s: float,
         grace_s: float,
         probe_timeout_s: float,
-        recovering: AbstractContextManager[None] | None = None,
+        recovering: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         if refit_timeout_s <= 0:
             raise ValueError(f"refit_timeout_s must be > 0, got {refit_timeout_s}")
@@ -151,7 +151,7 @@ class RefitCoordinator:
         _log.warning(
             "refit failed; recovering", run=self.ledger.run, version=version, reason=reason
         )
-        with self._recovering or nullcontext():
+        with self._recovering() if self._recovering else nullcontext():
             if getattr(failure, "context_lost", False):
                 self.ledger.refit_aborted(version, reason, context_lost=True)
                 self._fail(f"refit v{version}: the trainer's device context is lost: {reason}")

@@ -1,20 +1,19 @@
 """``fleetledger simulate``: an asynchronous RL loop on a local Ray cluster, with chaos.
 
 A trainer actor steps; N simulated generation shards serve rollouts through the
-least-outstanding selector under the retry policy; after every step a refit pushes the
-new weight version to every shard that is not absent; the live controller probes,
-watches for stalls and (optionally) restarts dead shards. Everything lands in the
-ledger, so the run can be replayed and explained afterwards like any real one.
+least-outstanding selector under the retry policy; after every step the trainer's
+parameters (a few MB of tensors) are broadcast to every shard that is not absent over
+a gloo communicator rebuilt whenever the membership changes, with the recovery of
+REFERENCE §4 when a push fails; the live controller probes, watches for stalls and
+(optionally) restarts dead shards. Everything lands in the ledger, so the run can be
+replayed and explained afterwards like any real one.
 
-The refit here is a placeholder until the transports land (issue 5): each participant is
-told its new version in one bounded call, not a collective. A participant that does not
-acknowledge is left out of ``refit_completed`` (it keeps its old version and state) and a
-confirmed death is recorded; aborting and recovering a collective refit is the
-transports' job.
+This module is a composition root (like the rest of the CLI): it wires the controller
+to a transport, which the controller itself never imports.
 
 Chaos: ``kill`` SIGKILLs a shard's process and ``freeze`` SIGSTOPs it while the given
 step's rollouts are in flight (halfway through one generation time), so a kill lands on
-a shard that is serving.
+a shard that is serving; ``wedge`` and ``blip`` are faults inside the engine.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import ray
 import structlog
@@ -38,7 +37,7 @@ from fleetledger.controller.config import ControllerConfig
 from fleetledger.controller.deadlines import RolloutDeadlines
 from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.controller.generation_shard import Generation, GenerationRequest, SimulatedShard
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.outcome_reporter import OutcomeWindow
 from fleetledger.controller.ray_fleet import (
@@ -47,6 +46,7 @@ from fleetledger.controller.ray_fleet import (
     local_ray,
     simulated_shard_factory,
 )
+from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
 from fleetledger.controller.retry_policy import (
     Attempt,
     PromptSkipped,
@@ -59,11 +59,12 @@ from fleetledger.controller.retry_policy import (
 from fleetledger.controller.shard_selector import ShardSelector
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
+from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
+from fleetledger.transports.ray_members import CommunicatorActor, TrainerRank
 
 __all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_simulation"]
 
 ADAPTER = "simulate.rollouts"
-REFIT_ADAPTER = "simulate.refit"
 
 _log = structlog.get_logger("fleetledger.simulate")
 
@@ -141,6 +142,7 @@ class SimulationSpec:
     config: ControllerConfig = field(default_factory=simulation_config)
     run: str | None = None
     metrics_port: int | None = None
+    weights_bytes: int = 4_000_000
 
     def __post_init__(self) -> None:
         for name in ("shards", "steps", "groups_per_step", "group_size"):
@@ -149,6 +151,8 @@ class SimulationSpec:
         for name in ("generation_s", "train_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.weights_bytes < 1024:
+            raise ValueError(f"weights must be at least 1 KB, got {self.weights_bytes} bytes")
         for c in self.chaos:
             if not 0 <= c.shard < self.shards:
                 raise ValueError(
@@ -170,10 +174,12 @@ class SimulationResult:
     counters: dict[str, object]
 
 
-class SimulatedTrainer:
-    """The trainer actor: one step per batch, the weight version is the step count."""
+class SimulatedTrainer(TrainerRank):
+    """The trainer actor (rank 0 of the refit communicator): one step per batch of rows,
+    which changes its parameters; the weight version is the step count."""
 
-    def __init__(self, train_s: float) -> None:
+    def __init__(self, total_bytes: int, train_s: float) -> None:
+        super().__init__(total_bytes)
         self._train_s = train_s
         self._version = 0
 
@@ -182,7 +188,18 @@ class SimulatedTrainer:
             raise ValueError("a train step needs at least one rollout row")
         await asyncio.sleep(self._train_s)
         self._version += 1
+        await self.train_step(self._version)
         return self._version
+
+
+class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
+    """A simulated engine that is also a member of the refit communicator: killing its
+    process takes its rank with it, as with a real engine's weight-sync worker."""
+
+    async def refit_broadcast(self, version: int) -> dict[str, Any]:
+        received = await super().refit_broadcast(version)
+        await self.set_weight_version(version)  # it now serves from these weights
+        return received
 
 
 def _reward(generation: Generation) -> float:
@@ -215,6 +232,10 @@ class _Simulation:
         self.trainer: ray.actor.ActorHandle
         self.selector: ShardSelector
         self.controller: FleetController
+        self.sync: GlooBroadcastSynchronizer
+        self.coordinator: RefitCoordinator
+        self.weights_spec: dict[str, tuple[tuple[int, ...], str]]
+        self.synced: list[int]  # restart attempts of each shard's worker in the transport
 
     # ── the rollout path ───────────────────────────────────────────────────
 
@@ -335,35 +356,21 @@ class _Simulation:
         await asyncio.to_thread(self.refit, version)
 
     def refit(self, version: int) -> None:
-        """The placeholder refit: tell every shard that is not absent its new version."""
+        """Push the trainer's weights to every shard that is not absent (REFERENCE §4).
+
+        A shard restarted since the last refit is a new process: it allocates its
+        receive buffers and replaces the old worker in the transport, so the rebuild
+        that follows takes it back into the communicator (the layout grows again).
+        """
         absent = set(self.ledger.membership.absent)
-        participants = [shard for shard in range(self.spec.shards) if shard not in absent]
-        if not participants:
-            return
-        self.ledger.refit_started(version, participants)
         incarnations = self.ledger.membership.restart_attempts
-        bound = self.spec.config.refit.bound_s or 30.0
-        results = self.fleet.set_weight_version(participants, version, bound)
-        replaced = {
-            s for s in participants if self.ledger.membership.restart_attempts[s] != incarnations[s]
-        }
-        refused = OutcomeWindow()
-        for shard, result in sorted(results.items()):
-            if shard in replaced or result.kind == "ok":
-                continue
-            if result.kind == "died":
-                self.ledger.actor_died(shard, result.error)
-            else:  # left out of the completion: the log says why
-                text = f"refit v{version}: {result.error}"
-                error = TimeoutError(text) if result.kind == "timeout" else ConnectionError(text)
-                refused.failure(shard, error)
-        if refused:
-            self.ledger.report_outcomes(REFIT_ADAPTER, refused.take())
-        acknowledged = [s for s in participants if results[s].kind == "ok" and s not in replaced]
-        if acknowledged:
-            self.ledger.refit_completed(version, acknowledged)
-        else:
-            self.ledger.refit_aborted(version, "no participant acknowledged the weight version")
+        for shard in range(self.spec.shards):
+            if shard not in absent and self.synced[shard] != incarnations[shard]:
+                handle = self.fleet.handle(shard)
+                ray.get(handle.refit_allocate.remote(self.weights_spec), timeout=60)
+                self.sync.replace_shard(shard, [handle])
+                self.synced[shard] = incarnations[shard]
+        self.coordinator.refit(version)
 
     # ── the whole run ──────────────────────────────────────────────────────
 
@@ -396,6 +403,8 @@ class _Simulation:
                 await self.step_task
             except RolloutAbandoned as exc:
                 return "failed", self.controller.end_run_failed(str(exc))
+            except RunFailed as exc:  # the refit could not be recovered; the run is ended
+                return "failed", str(exc)
             except asyncio.CancelledError:
                 if not self.halted.is_set():
                     raise
@@ -438,7 +447,10 @@ class _Simulation:
             # The fleet comes up before the run is recorded: a cluster that cannot start
             # leaves no half-begun run behind.
             self.fleet = RayShardFleet.spawn(
-                spec.shards, simulated_shard_factory(prefix, generation_s=spec.generation_s)
+                spec.shards,
+                simulated_shard_factory(
+                    prefix, generation_s=spec.generation_s, shard_class=SimulatedRefitShard
+                ),
             )
             try:
                 self.ledger = Ledger.start(log, run, fleet_config)
@@ -455,8 +467,28 @@ class _Simulation:
             try:
                 self.pids = {shard: (0, pid) for shard, pid in self.fleet.pids().items()}
                 trainer = self.trainer = (
-                    ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.train_s)
+                    ray.remote(SimulatedTrainer)
+                    .options(num_cpus=0)
+                    .remote(spec.weights_bytes, spec.train_s)
                 )
+                self.weights_spec = ray.get(trainer.spec.remote(), timeout=120)
+                ray.get(
+                    [
+                        self.fleet.handle(s).refit_allocate.remote(self.weights_spec)
+                        for s in range(spec.shards)
+                    ],
+                    timeout=120,
+                )
+                refit = spec.config.refit
+                refit_timeout_s = refit.refit_timeout_s or 30.0
+                self.sync = GlooBroadcastSynchronizer(
+                    [trainer],
+                    {s: [self.fleet.handle(s)] for s in range(spec.shards)},
+                    refit_timeout_s=refit_timeout_s,
+                    grace_s=refit.grace_s,
+                    settle_s=refit_timeout_s + refit.grace_s,
+                )
+                self.synced = [0] * spec.shards
                 self.selector = ShardSelector.for_ledger(self.ledger)
                 controller = self.controller = FleetController(
                     self.ledger,
@@ -469,6 +501,15 @@ class _Simulation:
                 if spec.metrics_port is not None:
                     server, _ = controller.metrics.serve(spec.metrics_port)
                     self.echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
+                self.coordinator = RefitCoordinator(
+                    self.ledger,
+                    self.sync,
+                    self.fleet,
+                    refit_timeout_s=refit_timeout_s,
+                    grace_s=refit.grace_s,
+                    probe_timeout_s=spec.config.fleet_health.probe_timeout_s,
+                    recovering=controller.watchdog.recovering,
+                )
                 controller.start()
                 outcome, cause = asyncio.run(self.loop())
             except KeyboardInterrupt:
