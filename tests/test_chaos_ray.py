@@ -19,12 +19,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import DeadlineExpired
-from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import GenerationRequest
-from fleetledger.controller.ledger import Ledger, load_view
-from fleetledger.controller.outcome_reporter import OutcomeReporter
 from fleetledger.cli.simulation import (
     Chaos,
     SimulationResult,
@@ -32,6 +26,12 @@ from fleetledger.cli.simulation import (
     run_simulation,
     simulation_config,
 )
+from fleetledger.controller.deadlines import RolloutDeadlines
+from fleetledger.controller.failure_taxonomy import DeadlineExpired
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.controller.ledger import Ledger, load_view
+from fleetledger.controller.outcome_reporter import OutcomeReporter
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import fold_with_transitions

@@ -135,7 +135,7 @@ def test_no_survivors_is_an_error_and_the_record_is_unchanged(fleet, ledger):
 
 def test_a_worker_must_be_told_the_membership_before_it_joins(fleet):
     with pytest.raises(ray.exceptions.RayTaskError, match="told the membership of nothing"):
-        ray.get(fleet.workers[0].refit_join.remote(7, 1, 2, 1, 1.0), timeout=60)
+        ray.get(fleet.workers[0].refit_join.remote(7, 1, 2, 1, 1.0, 1.0), timeout=60)
 
 
 def test_a_transport_without_a_collective_says_not_applicable():

@@ -48,6 +48,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         refit_timeout_s: float,
         grace_s: float = 5.0,
         settle_s: float = 10.0,
+        build_timeout_s: float = 60.0,
     ) -> None:
         super().__init__()
         if not trainers:
@@ -61,6 +62,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             raise ValueError(f"shards must be 0..n-1, got {sorted(shard_workers)}")
         if refit_timeout_s <= 0:
             raise ValueError(f"refit_timeout_s must be > 0, got {refit_timeout_s}")
+        if build_timeout_s <= 0:
+            raise ValueError(f"build_timeout_s must be > 0, got {build_timeout_s}")
+        self.build_timeout_s = build_timeout_s
         self._trainers = list(trainers)
         self._workers = {shard: list(workers) for shard, workers in shard_workers.items()}
         self.workers_per_shard = widths.pop()
@@ -110,6 +114,8 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         layout = self.layout_for(absent)  # "no surviving shards" propagates from here
         build = self.builds + 1
         members = self._members(layout)
+        # Telling the membership is a plain call: a frozen member is found within the
+        # refit bound, not the (longer) rendezvous budget.
         bound = self.refit_timeout_s + self.grace_s
         # The generation side hears the new membership before the build is dispatched,
         # and only surviving shards are addressed: the dead one is why we rebuild.
@@ -121,10 +127,11 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             bound,
             "membership",
         )
+        bound = self.build_timeout_s + self.grace_s
         (port,) = self._gather(
             {
                 members[0][2].refit_open_store.remote(
-                    layout.world_size, self.refit_timeout_s
+                    layout.world_size, self.build_timeout_s
                 ): "trainer 0"
             },
             bound,
@@ -132,7 +139,14 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         )
         self._gather(
             {
-                h.refit_join.remote(build, port, layout.world_size, rank, self.refit_timeout_s): p
+                h.refit_join.remote(
+                    build,
+                    port,
+                    layout.world_size,
+                    rank,
+                    self.build_timeout_s,
+                    self.refit_timeout_s,
+                ): p
                 for rank, p, h in members
             },
             bound,

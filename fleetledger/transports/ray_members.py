@@ -41,7 +41,13 @@ class CommunicatorActor:
         return build
 
     async def refit_join(
-        self, build: int, port: int, world_size: int, rank: int, timeout_s: float
+        self,
+        build: int,
+        port: int,
+        world_size: int,
+        rank: int,
+        timeout_s: float,
+        collective_timeout_s: float,
     ) -> dict[str, int]:
         announced = self._refit_announced
         if self._refit_needs_membership and (announced is None or announced[0] != build):
@@ -51,7 +57,7 @@ class CommunicatorActor:
                 "generation side must hear the new membership before the build"
             )
         return await asyncio.to_thread(
-            self._member().join, build, port, world_size, rank, timeout_s
+            self._member().join, build, port, world_size, rank, timeout_s, collective_timeout_s
         )
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
