@@ -56,11 +56,12 @@ def test_no_keys_builds_and_changes_nothing() -> None:
         config.timeouts.rollout_timeout_s,
         config.timeouts.generation_timeout_s,
         config.timeouts.env_timeout_s,
-        config.refit.refit_timeout_s,
-        config.refit.bound_s,
         config.router.connect_timeout_s,
         config.router.backend_timeout_s,
-    ) == (None,) * 7  # every deadline: wait indefinitely
+    ) == (None,) * 5  # every rollout and router deadline: wait indefinitely
+    # … except the refit's: a collective with a dead rank in it never returns by itself.
+    assert (config.refit.refit_timeout_s, config.refit.bound_s) == (300, 360)
+    assert ControllerConfig.from_mapping({"refit": {"refit_timeout_s": None}}).refit.bound_s is None
     assert config.watchdog.stall_action == "warn"  # observes, never ends a run
     assert config.rollout_failure.on_data_exhausted == "fail"
     assert config.rollout_failure.max_skipped_prompts == 0
@@ -141,7 +142,11 @@ def test_max_backoff_must_be_at_least_the_base() -> None:
 
 
 def test_stall_timeout_must_exceed_the_watchdog_interval() -> None:
-    ok = ControllerConfig.from_mapping({"watchdog": {"interval_s": 30, "stall_timeout_s": 31}})
+    # (A stall timeout this short also needs a refit bound below it: the default refit
+    # deadline of 300 s + 60 s grace would be refused, by the validator below.)
+    ok = ControllerConfig.from_mapping(
+        {"watchdog": {"interval_s": 30, "stall_timeout_s": 31}, "refit": {"refit_timeout_s": None}}
+    )
     assert ok.watchdog.stall_timeout_s == 31
     for stall in (30, 10):
         rejected(

@@ -49,6 +49,7 @@ def _config(**watchdog: object) -> ControllerConfig:
                 "restart_dead_shards": True,
             },
             "watchdog": {"interval_s": 1.0, "stall_timeout_s": 5.0, **watchdog},
+            "refit": {"refit_timeout_s": 1.0, "grace_s": 1.0},
         }
     )
 
@@ -218,6 +219,7 @@ def test_the_loops_survive_errors_that_are_not_the_ledgers(log):
         {
             "fleet_health": {"enabled": True, "probe_interval_s": 0.05, "probe_timeout_s": 0.01},
             "watchdog": {"interval_s": 0.05, "stall_timeout_s": 60.0},
+            "refit": {"refit_timeout_s": 1.0, "grace_s": 1.0},
         }
     )
     fleet = Flaky()

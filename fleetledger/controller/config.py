@@ -2,10 +2,12 @@
 
 Why it is shaped like this:
 
-- **Every default is inert.** A configuration with no keys at all builds, and means
-  "nothing changes": fleet health off (no probe timer, no quarantine), the router off,
-  every deadline ``None`` (wait indefinitely), stalls only warned about, a data failure
-  that exhausts its budget fails the run. A knob changes behaviour only once someone sets it.
+- **Every default is inert, but one.** A configuration with no keys at all builds, and
+  means "nothing changes": fleet health off (no probe timer, no quarantine), the router
+  off, every rollout deadline ``None`` (wait indefinitely), stalls only warned about, a
+  data failure that exhausts its budget fails the run. The exception is the refit
+  deadline (300 s + 60 s grace): an unbounded collective with a dead rank in it is the
+  wedge this project exists to remove, so it is bounded unless someone says otherwise.
 - **Combinations that would silently do nothing are rejected when the config is
   built**, not discovered in production: a probe timeout that does not fit inside the
   probe interval, a stall timeout the watchdog could never observe or that would fire
@@ -222,12 +224,18 @@ class WatchdogConfig(_Section):
 
 
 class RefitConfig(_Section):
-    """Bound on one refit. ``None`` keeps it unbounded. The grace lets the workers' own,
-    attributable error win the race against our "refit never came back"."""
+    """Bound on one refit. The grace lets the workers' own, attributable error win the race
+    against our "refit never came back".
+
+    On by default — the one deadline that is: a collective that includes a dead or frozen
+    rank otherwise blocks forever while every process looks healthy, and that wedge is
+    what this project exists to remove. 300 s fits a push of a large model over a slow
+    fabric and stays inside the default stall timeout with its grace (360 < 600); size it
+    for the model. ``None`` keeps a refit unbounded, explicitly."""
 
     PREFIX: ClassVar[str] = "refit."
 
-    refit_timeout_s: Seconds | None = None
+    refit_timeout_s: Seconds | None = 300.0
     grace_s: NonNegativeSeconds = 60.0
 
     @property
