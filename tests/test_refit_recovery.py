@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
 from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
+from fleetledger.transports.weight_sync import RefitFailed  # noqa: E402
 from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
 REFIT_TIMEOUT_S = 2.0
@@ -72,8 +73,7 @@ def test_kill_one_of_three_at_a_step_boundary_rebuilds_without_it(fleet, ledger)
     fleet.step(1)
     assert coordinator.refit(1).participants == (0, 1, 2)
     os.kill(fleet.pids[1], signal.SIGKILL)
-    ledger.record_probes(fleet.prober().probe(range(SHARDS), 10.0))  # the probe pump's round
-    assert ledger.view.state_of(1) is ShardState.DEAD
+    _probe_until_dead(fleet, ledger, 1)
     expected = fleet.step(2)
     outcome = coordinator.refit(2)
     assert outcome.participants == (0, 2) and not outcome.recovered
@@ -113,18 +113,13 @@ def test_kill_in_the_middle_of_a_broadcast_recovers_on_the_smaller_world(ray_clu
         fleet.close()
 
 
-def test_a_frozen_suspect_is_condemned_as_the_silent_participant(fleet, ledger):
+def test_a_shard_frozen_mid_refit_is_condemned_as_the_silent_participant(fleet, ledger):
+    """REFERENCE §8: nothing suspected it before; the refit hangs on it, the probe of
+    the recovery times out (its one suspect), and it is condemned."""
     coordinator = _coordinator(fleet, ledger)
     fleet.step(1)
     coordinator.refit(1)
-    ledger.record_probes(
-        {
-            0: fleet.prober().probe([0], 10.0)[0],
-            1: ProbeResult("timeout", "no answer"),
-            2: ProbeResult.ok(),
-        }
-    )
-    assert ledger.view.suspected == (1,)
+    assert ledger.view.suspected == ()
     os.kill(fleet.pids[1], signal.SIGSTOP)
     expected = fleet.step(2)
     head = ledger.log.head(ledger.run)
@@ -142,6 +137,16 @@ def test_a_frozen_suspect_is_condemned_as_the_silent_participant(fleet, ledger):
     assert fleet.sync.built_layout == ledger.view.layout()
     assert _checksums(fleet, (0, 2)) == {expected}
     assert ledger.view.ended is None  # the run carries on
+
+
+def test_a_failed_build_leaves_the_record_of_the_communicator_that_exists(fleet, ledger):
+    fleet.sync.reconcile(ledger.view.absent)
+    before = (fleet.sync.built_absent, fleet.sync.built_layout, fleet.sync.rebuilds)
+    os.kill(fleet.pids[2], signal.SIGSTOP)
+    with pytest.raises(RefitFailed) as failed:
+        fleet.sync.reconcile({1}, force=True)  # shard 2 must hear the membership: frozen
+    assert failed.value.silent_shards == (2,)
+    assert (fleet.sync.built_absent, fleet.sync.built_layout, fleet.sync.rebuilds) == before
 
 
 def test_two_frozen_suspects_end_the_run_naming_both(fleet, ledger):
@@ -166,7 +171,7 @@ def test_a_restarted_shard_rejoins_the_next_refit_and_serves_at_the_new_version(
     fleet.step(1)
     coordinator.refit(1)
     os.kill(fleet.pids[1], signal.SIGKILL)
-    ledger.record_probes(fleet.prober().probe(range(SHARDS), 10.0))
+    _probe_until_dead(fleet, ledger, 1)
     fleet.step(2)
     coordinator.refit(2)
     assert fleet.sync.built_layout.world_size == 3
@@ -222,3 +227,12 @@ def test_a_lost_device_context_ends_the_run_at_once(ledger):
     assert [a.context_lost for a in aborted] == [True]
     assert transport.reconciles == [False]
     assert "illegal memory access" in ledger.view.ended.cause
+
+
+def _probe_until_dead(fleet: Fleet, ledger: Ledger, shard: int, timeout_s: float = 60.0) -> None:
+    """Probe rounds, as the pump would run them, until the runtime reports the death."""
+    deadline = time.monotonic() + timeout_s
+    while ledger.view.state_of(shard) is not ShardState.DEAD:
+        assert time.monotonic() < deadline, f"shard {shard} never reported dead"
+        results = fleet.prober().probe(list(ledger.view.serving), 10.0)
+        ledger.record_probes({s: r for s, r in results.items() if r.kind in ("ok", "died")})

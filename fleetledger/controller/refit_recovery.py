@@ -57,7 +57,7 @@ class RunFailed(RuntimeError):
 
 
 class RefitTimedOut(RuntimeError):
-    """The push did not come back within refit_timeout_s + grace_s."""
+    """The push did not come back within refit_timeout_s + 2 × grace_s."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,31 @@ class RefitOutcome:
     recovered: bool = False
     condemned: int | None = None
     push: Any = None
+
+
+def _context_lost(failure: BaseException) -> bool:
+    """``context_lost`` set anywhere along the cause chain (``__cause__`` or a Ray task
+    error's ``.cause``), at most 8 links: the RPC layers keep the cause, not the type."""
+    link: BaseException | None = failure
+    for _ in range(8):
+        if link is None:
+            return False
+        if getattr(link, "context_lost", False):
+            return True
+        link = getattr(link, "cause", None) or link.__cause__
+    return False
+
+
+def _dead_trainers(failure: BaseException) -> list[int]:
+    """Trainer ranks the runtime says are gone. (A trainer that merely *raised* is what
+    every rank of a collective does when any peer fails; that names nobody.)"""
+    parties = getattr(failure, "dead", None) or {}
+    out = []
+    for party in parties:
+        kind, _, index = party.partition(" ")
+        if kind == "trainer" and index.isdigit():
+            out.append(int(index))
+    return sorted(out)
 
 
 def _shards_named(parties: Mapping[str, str] | None) -> set[int]:
@@ -106,24 +131,50 @@ class RefitCoordinator:
     # ── the refit ───────────────────────────────────────────────────────────
 
     def refit(self, version: int) -> RefitOutcome:
-        """Push ``version`` to every shard that is not absent; recover once if it fails."""
-        self.sync.reconcile(self.ledger.view.absent)
-        participants = self._participants()
+        """Push ``version`` to every shard that is not absent; recover once if it fails.
+
+        The participants, the communicator and the completion all come from one snapshot
+        of the absent set: a shard re-admitted by another thread meanwhile (STALE after a
+        restart) was not built into this communicator and must not be promoted by it.
+        """
+        absent, participants = self._snapshot()
         self.ledger.refit_started(version, participants)
         try:
+            self._reconcile(absent, force=False)
             report = self._push_within(version)
-        except Exception as failure:
-            return self._recover(version, failure)
+        except RunFailed:
+            raise
+        except Exception as failure:  # a failed build is a failed refit too
+            return self._recover(version, absent, failure)
         self.ledger.refit_completed(version, participants)
         return RefitOutcome(version, participants, push=report)
 
-    def _participants(self) -> tuple[int, ...]:
-        absent = set(self.ledger.view.absent)
-        return tuple(s for s in range(self.ledger.view.config.shard_count) if s not in absent)
+    def _snapshot(self) -> tuple[frozenset[int], tuple[int, ...]]:
+        with self.ledger.lock:
+            self.ledger.catch_up()
+            absent = frozenset(self.ledger.view.absent)
+            count = self.ledger.view.config.shard_count
+        return absent, tuple(s for s in range(count) if s not in absent)
+
+    def _reconcile(self, absent: frozenset[int], *, force: bool) -> None:
+        """Reconcile, then check the transport built the ledger's layout (when it says)."""
+        self.sync.reconcile(absent, force=force)
+        built = getattr(self.sync, "built_layout", None)
+        if built is not None:
+            expected = self.ledger.view.layout_for(absent)
+            if built != expected:
+                raise RuntimeError(
+                    f"the transport built {built.as_dict()} but the ledger's layout for "
+                    f"absent {sorted(absent)} is {expected.as_dict()}"
+                )
 
     def _push_within(self, version: int) -> Any:
-        """``sync.push`` on a daemon thread, waited for at most timeout + grace."""
-        bound = self.refit_timeout_s + self.grace_s
+        """``sync.push`` on a daemon thread, waited for at most timeout + 2 × grace.
+
+        A transport bounds its own waits by timeout + grace; the second grace lets its
+        error, which names who failed, arrive before our "it never came back".
+        """
+        bound = self.refit_timeout_s + 2 * self.grace_s
         box: dict[str, Any] = {}
 
         def run() -> None:
@@ -137,7 +188,8 @@ class RefitCoordinator:
         thread.join(bound)
         if thread.is_alive():
             raise RefitTimedOut(
-                f"refit v{version} did not come back within refit_timeout_s + grace_s = {bound:g}s"
+                f"refit v{version} did not come back within refit_timeout_s + 2 × grace_s "
+                f"= {bound:g}s"
             )
         if "error" in box:
             raise box["error"]
@@ -145,47 +197,70 @@ class RefitCoordinator:
 
     # ── recovery ────────────────────────────────────────────────────────────
 
-    def _recover(self, version: int, failure: BaseException) -> RefitOutcome:
+    def _recover(
+        self, version: int, absent_before: frozenset[int], failure: BaseException
+    ) -> RefitOutcome:
         self.recoveries += 1
         reason = f"{type(failure).__name__}: {failure}"[:4096]
         _log.warning(
             "refit failed; recovering", run=self.ledger.run, version=version, reason=reason
         )
         with self._recovering() if self._recovering else nullcontext():
-            if getattr(failure, "context_lost", False):
-                self.ledger.refit_aborted(version, reason, context_lost=True)
-                self._fail(f"refit v{version}: the trainer's device context is lost: {reason}")
-            self.ledger.refit_aborted(version, reason)
-            self._find_the_dead(failure)
-            self.ledger.mark_weights_partial(version)
-            self.sync.abort()
-            # Deviation from the reference, which rebuilds once before condemning: with
-            # nothing absent that rebuild is over the very membership whose collective
-            # just hung, and a frozen participant fails it too (its membership call never
-            # returns). The outcome is the same; the communicator is built once, without
-            # the condemned shard.
-            condemned = None
-            if not self.ledger.view.absent:
-                condemned = self._condemn_the_silent(version, reason)
-            self._reconcile_forced()
-            participants = self._participants()
-            self.ledger.refit_started(version, participants)
             try:
-                report = self._push_within(version)
-            except Exception as second:
-                self.ledger.refit_aborted(
-                    version, f"retry: {type(second).__name__}: {second}"[:4096]
-                )
+                return self._recover_steps(version, absent_before, failure, reason)
+            except RunFailed:
+                raise
+            except Exception as exc:  # whatever broke mid-recovery, the run ends with it
                 self._fail(
-                    f"refit v{version} failed again after recovery: {type(second).__name__}: "
-                    f"{second}"
+                    f"refit v{version} could not be recovered ({reason}): the recovery "
+                    f"failed: {type(exc).__name__}: {exc}"
                 )
-            self.ledger.refit_completed(version, participants)
+
+    def _recover_steps(
+        self,
+        version: int,
+        absent_before: frozenset[int],
+        failure: BaseException,
+        reason: str,
+    ) -> RefitOutcome:
+        if _context_lost(failure):
+            self.ledger.refit_aborted(version, reason, context_lost=True)
+            self._fail(f"refit v{version}: the trainer's device context is lost: {reason}")
+        self.ledger.refit_aborted(version, reason)
+        trainers = _dead_trainers(failure)
+        if trainers:
+            # A trainer rank is never excluded: no rebuild over the shards can help.
+            self._fail(f"refit v{version}: trainer rank(s) {trainers} died: {reason}")
+        self._find_the_dead(failure)
+        self.ledger.mark_weights_partial(version)
+        self.sync.abort()
+        # Deviation from the reference, which rebuilds once before condemning: with
+        # nothing newly absent that rebuild is over the very membership whose collective
+        # just hung, and a frozen participant fails it too (its membership call never
+        # returns). The outcome is the same; the communicator is built once, without the
+        # condemned shard.
+        condemned = None
+        if frozenset(self.ledger.view.absent) <= absent_before:
+            condemned = self._condemn_the_silent(version, reason, failure)
+        absent, participants = self._snapshot()
+        try:
+            self._reconcile(absent, force=True)
+        except Exception as exc:
+            self._fail(f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}")
+        self.ledger.refit_started(version, participants)
+        try:
+            report = self._push_within(version)
+        except Exception as second:
+            self.ledger.refit_aborted(version, f"retry: {type(second).__name__}: {second}"[:4096])
+            self._fail(
+                f"refit v{version} failed again after recovery: {type(second).__name__}: {second}"
+            )
+        self.ledger.refit_completed(version, participants)
         return RefitOutcome(version, participants, recovered=True, condemned=condemned, push=report)
 
     def _find_the_dead(self, failure: BaseException) -> None:
         """Probe every participant now; record the round and the deaths the push saw."""
-        participants = self._participants()
+        _, participants = self._snapshot()
         results = dict(self.prober.probe(participants, self.probe_timeout_s))
         for shard in participants:
             results.setdefault(shard, ProbeResult("error", "the prober returned nothing"))
@@ -197,14 +272,21 @@ class RefitCoordinator:
                 )
         self.ledger.record_probes(results)
 
-    def _reconcile_forced(self) -> None:
-        try:
-            self.sync.reconcile(self.ledger.view.absent, force=True)
-        except Exception as exc:
-            self._fail(f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}")
-
-    def _condemn_the_silent(self, version: int, reason: str) -> int:
+    def _condemn_the_silent(self, version: int, reason: str, failure: BaseException) -> int:
         suspected = self.ledger.view.suspected
+        named = _shards_named(getattr(failure, "silent", None)) | _shards_named(
+            getattr(failure, "errors", None)
+        )
+        if len(suspected) == 1 and named and suspected[0] not in named:
+            # The transport saw someone else hang: blaming the suspect would be wrong.
+            found = (
+                f"the only suspect, shard {suspected[0]}, is not among the shards the "
+                f"transport named ({sorted(named)})"
+            )
+            self.ledger.refuse_condemnation(suspected, f"refit v{version}: {found}")
+            self._fail(
+                f"refit v{version} aborted and no silent participant could be named: {found}"
+            )
         if len(suspected) == 1:
             (shard,) = suspected
             self.ledger.condemn_silent_participant(

@@ -186,7 +186,11 @@ class FleetView:
 
     def layout(self) -> RankLayout:
         """The refit communicator's layout for the current absent set."""
-        absent = set(self.absent)
+        return self.layout_for(self.absent)
+
+    def layout_for(self, absent: Iterable[int]) -> RankLayout:
+        """The layout this fleet's communicator has with ``absent`` shards left out."""
+        absent = set(absent)
         return rank_layout(
             survivors=[i for i in range(self.config.shard_count) if i not in absent],
             dp_size=self.config.shard_count,

@@ -205,15 +205,19 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         group, which the rebuild needs.
         """
         refs = list(calls)
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=bound)
         outcomes: dict[Any, tuple[str, Any]] = {}
-        for ref in ready:
-            outcomes[ref] = self._outcome(ref)
-        failed = any(kind != "ok" for kind, _ in outcomes.values())
-        if pending and failed:
-            settled, pending = ray.wait(pending, num_returns=len(pending), timeout=self.settle_s)
-            for ref in settled:
+        pending = list(refs)
+        deadline = time.monotonic() + bound
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for ref in ready:
                 outcomes[ref] = self._outcome(ref)
+                if outcomes[ref][0] != "ok":
+                    # One failed: the others get settle_s from now, never more than bound.
+                    deadline = min(deadline, time.monotonic() + self.settle_s)
         error = RefitFailed(stage)
         for ref in pending:
             error.silent[calls[ref]] = f"no answer within {bound:g}s"

@@ -9,13 +9,16 @@ would build NCCL over the same store; the contract does not change.)
 Rules carried from the failure stories:
 
 - **Bind first, release afterwards, and bound the release.** Rank 0 (always a trainer)
-  opens the new store before anyone joins; the previous group is aborted only once the
+  opens the new store before anyone joins; the previous group is released only once the
   new one exists, on a daemon thread that is never joined: aborting a group whose peer
-  is frozen can block forever, and an ordinary worker thread would move that wedge to
-  interpreter exit.
+  is frozen can block forever (NCCL), and an ordinary worker thread would move that wedge
+  to interpreter exit. (On gloo in torch 2.13 ``abort()`` is a no-op: the old group is
+  simply dropped, and a survivor still inside its collective leaves at the op timeout.)
 - **Abort, never destroy**: destroying is a collective that a dead rank cannot join.
-- **Every collective is bounded** by the group's timeout (``refit_timeout_s``), because
-  a gloo survivor may see no error at all when a peer dies.
+- **Every push is bounded** by ``refit_timeout_s``: each collective by the group's op
+  timeout, and the whole push by a deadline checked between tensors (the op timeout
+  alone would allow one timeout per tensor). A gloo survivor may see no error at all
+  when a peer dies.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -74,6 +78,7 @@ class CommunicatorMember:
         self._group: Any = None
         self._store: Any = None
         self._pending_store: Any = None
+        self._collective_timeout_s = 300.0
         self.build: int | None = None
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -122,6 +127,7 @@ class CommunicatorMember:
             store = dist.TCPStore(STORE_HOST, port, world_size, False, timeout=timeout)
         group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         group.set_timeout(timedelta(seconds=collective_timeout_s))
+        self._collective_timeout_s = collective_timeout_s
         old_group, old_store = self._group, self._store
         self._group, self._store = group, store
         self.build, self.rank, self.world_size = build, rank, world_size
@@ -162,7 +168,13 @@ class CommunicatorMember:
             raise RuntimeError("no tensors to push or receive into (allocate first)")
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        deadline = time.monotonic() + self._collective_timeout_s
         for name in sorted(self.tensors):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"push of v{version} exceeded refit_timeout_s="
+                    f"{self._collective_timeout_s:g} before tensor {name!r}"
+                )
             group.broadcast([self.tensors[name]], opts).wait()
         self.version = version
         return {

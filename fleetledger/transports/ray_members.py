@@ -9,13 +9,48 @@ would condemn the wrong shard.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 from fleetledger.transports.gloo_rank import CommunicatorMember, TensorSpec, checksum
 
 __all__ = ["CommunicatorActor", "GenerationWorker", "TrainerRank", "make_parameters"]
+
+T = TypeVar("T")
+
+
+async def _on_daemon_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking collective call off the event loop on a thread of its own.
+
+    Not ``asyncio.to_thread``: its pool has a handful of non-daemon threads, so a few
+    wedged collectives would queue the next rebuild's join behind them (the member would
+    look silent) and hold up interpreter exit.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=run, name="refit-collective", daemon=True).start()
+    return await future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the caller was cancelled meanwhile
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class CommunicatorActor:
@@ -56,12 +91,12 @@ class CommunicatorActor:
                 f"asked to join build {build} but told the membership of {told}: the "
                 "generation side must hear the new membership before the build"
             )
-        return await asyncio.to_thread(
+        return await _on_daemon_thread(
             self._member().join, build, port, world_size, rank, timeout_s, collective_timeout_s
         )
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
-        return await asyncio.to_thread(self._member().broadcast, version)
+        return await _on_daemon_thread(self._member().broadcast, version)
 
     async def refit_abort(self) -> bool:
         return self._member().abort()
