@@ -163,7 +163,9 @@ def test_restart_replaces_the_actor_stale_until_refit_then_budget_retires(log, f
     old_pid = fleet.pids()[0]
     os.kill(old_pid, signal.SIGKILL)
     controller.pump.probe_round()
+    assert fleet.incarnation(0) == 0
     assert controller.restart(0) == "STALE"
+    assert fleet.incarnation(0) == 1  # what a transport checks before the next build
     new_pid = fleet.pids()[0]
     assert new_pid != old_pid
     assert fleet.probe([0], 30.0)[0].kind == "ok"

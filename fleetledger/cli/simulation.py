@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -61,6 +61,7 @@ from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
 from fleetledger.transports.ray_members import CommunicatorActor, TrainerRank
+from fleetledger.transports.weight_sync import ReconcileOutcome
 
 __all__ = ["Chaos", "SimulationResult", "SimulationSpec", "parse_chaos", "run_simulation"]
 
@@ -192,6 +193,40 @@ class SimulatedTrainer(TrainerRank):
         return self._version
 
 
+class FleetSynchronizer(GlooBroadcastSynchronizer):
+    """The broadcast transport over a fleet whose shard actors may be restarted.
+
+    Before each build, a shard restarted since its worker joined is a new process: it
+    allocates its receive buffers and replaces the old worker, so the rebuild takes it
+    back into the communicator (the layout grows again). Done inside ``reconcile`` so
+    it sees the same absent set the build uses, however the restarter races the refit.
+    """
+
+    def __init__(
+        self,
+        fleet: RayShardFleet,
+        trainer: ray.actor.ActorHandle,
+        weights_spec: dict[str, tuple[tuple[int, ...], str]],
+        **bounds: float,
+    ) -> None:
+        super().__init__([trainer], {s: [fleet.handle(s)] for s in fleet.shards}, **bounds)
+        self._fleet = fleet
+        self._spec = weights_spec
+        self._joined = {s: fleet.incarnation(s) for s in fleet.shards}
+
+    def reconcile(self, absent: Iterable[int], *, force: bool = False) -> ReconcileOutcome:
+        absent = frozenset(absent)
+        for shard, joined in self._joined.items():
+            current = self._fleet.incarnation(shard)
+            if shard not in absent and current != joined:
+                handle = self._fleet.handle(shard)
+                ray.get(handle.refit_allocate.remote(self._spec), timeout=60)
+                self.replace_shard(shard, [handle])
+                self._joined[shard] = current
+                force = True  # same absent set, different process: the group is stale
+        return super().reconcile(absent, force=force)
+
+
 class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
     """A simulated engine that is also a member of the refit communicator: killing its
     process takes its rank with it, as with a real engine's weight-sync worker."""
@@ -232,10 +267,9 @@ class _Simulation:
         self.trainer: ray.actor.ActorHandle
         self.selector: ShardSelector
         self.controller: FleetController
-        self.sync: GlooBroadcastSynchronizer
+        self.sync: FleetSynchronizer
         self.coordinator: RefitCoordinator
         self.weights_spec: dict[str, tuple[tuple[int, ...], str]]
-        self.synced: list[int]  # restart attempts of each shard's worker in the transport
 
     # ── the rollout path ───────────────────────────────────────────────────
 
@@ -356,20 +390,7 @@ class _Simulation:
         await asyncio.to_thread(self.refit, version)
 
     def refit(self, version: int) -> None:
-        """Push the trainer's weights to every shard that is not absent (REFERENCE §4).
-
-        A shard restarted since the last refit is a new process: it allocates its
-        receive buffers and replaces the old worker in the transport, so the rebuild
-        that follows takes it back into the communicator (the layout grows again).
-        """
-        absent = set(self.ledger.membership.absent)
-        incarnations = self.ledger.membership.restart_attempts
-        for shard in range(self.spec.shards):
-            if shard not in absent and self.synced[shard] != incarnations[shard]:
-                handle = self.fleet.handle(shard)
-                ray.get(handle.refit_allocate.remote(self.weights_spec), timeout=60)
-                self.sync.replace_shard(shard, [handle])
-                self.synced[shard] = incarnations[shard]
+        """Push the trainer's weights to every shard that is not absent (REFERENCE §4)."""
         self.coordinator.refit(version)
 
     # ── the whole run ──────────────────────────────────────────────────────
@@ -481,14 +502,14 @@ class _Simulation:
                 )
                 refit = spec.config.refit
                 refit_timeout_s = refit.refit_timeout_s or 30.0
-                self.sync = GlooBroadcastSynchronizer(
-                    [trainer],
-                    {s: [self.fleet.handle(s)] for s in range(spec.shards)},
+                self.sync = FleetSynchronizer(
+                    self.fleet,
+                    trainer,
+                    self.weights_spec,
                     refit_timeout_s=refit_timeout_s,
                     grace_s=refit.grace_s,
                     settle_s=refit_timeout_s + refit.grace_s,
                 )
-                self.synced = [0] * spec.shards
                 self.selector = ShardSelector.for_ledger(self.ledger)
                 controller = self.controller = FleetController(
                     self.ledger,

@@ -102,6 +102,7 @@ class RayShardFleet:
     ) -> None:
         self._handles: dict[int, ActorHandle] = dict(handles)
         self._factory = factory
+        self._incarnations: dict[int, int] = {}
 
     @classmethod
     def spawn(
@@ -235,6 +236,10 @@ class RayShardFleet:
             shards, lambda h: h.set_weight_version.remote(version), timeout_s, f"{timeout_s:g}s"
         )
 
+    def incarnation(self, shard: int) -> int:
+        """How many times ``shard``'s actor has been replaced by :meth:`restart`."""
+        return self._incarnations.get(shard, 0)
+
     def handle(self, shard: int) -> ActorHandle:
         handle = self._handles.get(shard)
         if handle is None:
@@ -267,6 +272,7 @@ class RayShardFleet:
         while True:
             try:
                 self._handles[shard] = self._factory(shard)
+                self._incarnations[shard] = self.incarnation(shard) + 1
                 break
             except ValueError as exc:  # the name is freed only once Ray has reaped the old one
                 if time.monotonic() >= deadline:
