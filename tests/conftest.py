@@ -244,3 +244,17 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cli_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """An empty working directory, no fleetledger settings from the environment, and
+    structlog's configuration restored after the test (see tests/cli_support.py)."""
+    from tests.cli_support import CLI_ENV_VARS
+
+    monkeypatch.chdir(tmp_path)
+    for name in CLI_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)

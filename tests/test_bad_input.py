@@ -25,11 +25,10 @@ from typing import Any
 
 import pytest
 import structlog
+from click.testing import Result
 from pydantic import ValidationError
 from sqlalchemy import create_engine, inspect, text
-from typer.testing import CliRunner, Result
 
-from fleetledger import cli as cli_module
 from fleetledger.events.errors import (
     AppendRejected,
     EventDecodeError,
@@ -54,6 +53,7 @@ from fleetledger.events.models import (
     RunStarted,
     ShardOutcomes,
 )
+from tests.cli_support import run_cli
 
 SHARDS = 3
 R1_HEAD = 6
@@ -181,10 +181,6 @@ def raw_sql(url: str, *statements: str) -> None:
 # ── surfaces ──────────────────────────────────────────────────────────────────
 
 
-def cli(*args: str) -> Result:
-    return CliRunner().invoke(cli_module.app, list(args), env={"FLEETLEDGER_DB": None})
-
-
 def append(url: str, run: str, events: Callable[[], Sequence[Any]]) -> None:
     with EventLog.open(url) as log:
         log.append(run, events())
@@ -224,7 +220,7 @@ def import_file(
 
 def import_as_copy(mutate: Callable[[list[dict[str, Any]]], list[Line]], run: str = "r1"):
     def act(c: Ctx) -> Result:
-        return cli("import", str(import_file(c, mutate, run)), "--run", "copy", "--db", c.url)
+        return run_cli("import", str(import_file(c, mutate, run)), "--run", "copy", "--db", c.url)
 
     return act
 
@@ -501,14 +497,14 @@ CASES: list[Case] = [
     ),
     Case(
         "import_into_existing_run_without_rename",
-        lambda c: cli("import", str(import_file(c, list)), "--db", c.url),
+        lambda c: run_cli("import", str(import_file(c, list)), "--db", c.url),
         None,
         ("run 'r1' already exists here", "--run"),
         backends=BOTH,
     ),
     Case(
         "import_invalid_run_name",
-        lambda c: cli("import", str(import_file(c, list)), "--run", "x" * 200, "--db", c.url),
+        lambda c: run_cli("import", str(import_file(c, list)), "--run", "x" * 200, "--db", c.url),
         None,
         ("a run id must be 1..128 printable characters",),
     ),
@@ -520,13 +516,13 @@ CASES: list[Case] = [
     ),
     Case(
         "import_missing_file",
-        lambda c: cli("import", str(c.tmp / "missing.jsonl"), "--run", "copy", "--db", c.url),
+        lambda c: run_cli("import", str(c.tmp / "missing.jsonl"), "--run", "copy", "--db", c.url),
         None,
         ("{tmp}/missing.jsonl: No such file or directory",),
     ),
     Case(
         "import_into_read_only_ledger",
-        lambda c: cli("import", str(import_file(c, list)), "--run", "copy", "--db", c.ro_url),
+        lambda c: run_cli("import", str(import_file(c, list)), "--run", "copy", "--db", c.ro_url),
         None,
         ("read-only",),
     ),
@@ -609,7 +605,7 @@ CASES: list[Case] = [
     # ── events already stored that this fleetledger cannot read ──
     Case(
         "stored_unknown_type_membership",
-        lambda c: cli("membership", "r1", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--db", c.url),
         None,
         ("run 'r1' seq 7: unknown event type 'shard_teleported'",),
         backends=BOTH,
@@ -626,7 +622,7 @@ CASES: list[Case] = [
     ),
     Case(
         "stored_future_schema_version_membership",
-        lambda c: cli("membership", "r1", "--json", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--json", "--db", c.url),
         None,
         ("run 'r1' seq 3: event type 'probe_failed' has schema version 99, newer than the 1",),
         setup=_sql(*STORE_FUTURE_VERSION),
@@ -642,7 +638,7 @@ CASES: list[Case] = [
     ),
     Case(
         "stored_payload_not_json",
-        lambda c: cli("membership", "r1", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--db", c.url),
         None,
         ("run 'r1' seq 2: payload is not valid JSON",),
         setup=_sql(*STORE_BAD_PAYLOAD),
@@ -658,7 +654,7 @@ CASES: list[Case] = [
     ),
     Case(
         "unknown_revision_cli",
-        lambda c: cli("runs", "--db", c.url),
+        lambda c: run_cli("runs", "--db", c.url),
         None,
         ("schema revision '9999'",),
         backends=BOTH,
@@ -666,7 +662,7 @@ CASES: list[Case] = [
     ),
     Case(
         "unknown_revision_migrate",
-        lambda c: cli("migrate", "--db", c.url),
+        lambda c: run_cli("migrate", "--db", c.url),
         None,
         ("schema revision '9999'",),
         backends=BOTH,
@@ -682,7 +678,7 @@ CASES: list[Case] = [
     ),
     Case(
         "postgres_older_revision_cli",
-        lambda c: cli("membership", "r1", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--db", c.url),
         None,
         ("at schema revision 0001", "fleetledger migrate"),
         backends=("postgresql",),
@@ -697,14 +693,14 @@ CASES: list[Case] = [
     ),
     Case(
         "foreign_sqlite_file_cli",
-        lambda c: cli("runs", "--db", c.bad_url),
+        lambda c: run_cli("runs", "--db", c.bad_url),
         None,
         ("{bad} is not a fleetledger ledger", "users"),
         setup=_foreign_file,
     ),
     Case(
         "foreign_sqlite_file_migrate",
-        lambda c: cli("migrate", "--db", c.bad_url),
+        lambda c: run_cli("migrate", "--db", c.bad_url),
         None,
         ("{bad} is not a fleetledger ledger", "users"),
         setup=_foreign_file,
@@ -718,7 +714,7 @@ CASES: list[Case] = [
     ),
     Case(
         "truncated_ledger_cli",
-        lambda c: cli("membership", "r1", "--db", c.bad_url),
+        lambda c: run_cli("membership", "r1", "--db", c.bad_url),
         None,
         ("{bad} is not a readable SQLite ledger",),
         setup=_truncate_copy,
@@ -732,7 +728,7 @@ CASES: list[Case] = [
     ),
     Case(
         "random_bytes_cli",
-        lambda c: cli("runs", "--db", c.bad_url),
+        lambda c: run_cli("runs", "--db", c.bad_url),
         None,
         ("{bad} is not a readable SQLite ledger",),
         setup=_random_file,
@@ -746,14 +742,14 @@ CASES: list[Case] = [
     ),
     Case(
         "corrupted_page_cli_runs",
-        lambda c: cli("runs", "--db", c.bad_url),
+        lambda c: run_cli("runs", "--db", c.bad_url),
         None,
         ("{bad}", "malformed"),
         setup=_corrupt_runs_page,
     ),
     Case(
         "corrupted_page_cli_membership",
-        lambda c: cli("membership", "r1", "--db", c.bad_url),
+        lambda c: run_cli("membership", "r1", "--db", c.bad_url),
         None,
         ("{bad}", "malformed"),
         setup=_corrupt_events_page,
@@ -767,7 +763,7 @@ CASES: list[Case] = [
     ),
     Case(
         "in_memory_sqlite_cli",
-        lambda c: cli("runs", "--db", "sqlite://"),
+        lambda c: run_cli("runs", "--db", "sqlite://"),
         None,
         ("an in-memory SQLite database cannot hold a ledger",),
     ),
@@ -779,44 +775,44 @@ CASES: list[Case] = [
     ),
     Case(
         "unparseable_url_cli",
-        lambda c: cli("membership", "r1", "--db", "://"),
+        lambda c: run_cli("membership", "r1", "--db", "://"),
         None,
         ("cannot parse database URL '://'",),
     ),
     Case(
         "url_with_non_numeric_port_cli",
-        lambda c: cli("runs", "--db", "postgresql://postgres@127.0.0.1:notaport/db"),
+        lambda c: run_cli("runs", "--db", "postgresql://postgres@127.0.0.1:notaport/db"),
         None,
         ("cannot parse database URL", "notaport"),
     ),
     Case(
         "unsupported_backend_cli",
-        lambda c: cli("runs", "--db", "mysql://user@127.0.0.1/ledger"),
+        lambda c: run_cli("runs", "--db", "mysql://user@127.0.0.1/ledger"),
         None,
         ("unsupported database 'mysql'",),
     ),
     Case(
         "unreachable_postgres_cli",
-        lambda c: cli("runs", "--db", "postgresql://postgres@127.0.0.1:1/nowhere"),
+        lambda c: run_cli("runs", "--db", "postgresql://postgres@127.0.0.1:1/nowhere"),
         None,
         ("cannot use the ledger database at postgresql+psycopg://postgres@127.0.0.1:1/nowhere",),
     ),
     Case(
         "sqlite_directory_missing_cli",
-        lambda c: cli("runs", "--db", f"sqlite:///{c.tmp}/no/such/ledger.db"),
+        lambda c: run_cli("runs", "--db", f"sqlite:///{c.tmp}/no/such/ledger.db"),
         None,
         ("cannot create {tmp}/no/such/ledger.db: directory {tmp}/no/such does not exist",),
         check=_nothing_created("no"),
     ),
     Case(
         "sqlite_path_is_a_directory_cli",
-        lambda c: cli("runs", "--db", f"sqlite:///{c.tmp}"),
+        lambda c: run_cli("runs", "--db", f"sqlite:///{c.tmp}"),
         None,
         ("{tmp} is not a file",),
     ),
     Case(
         "read_only_url_to_missing_file_cli",
-        lambda c: cli("runs", "--db", f"sqlite:///file:{c.tmp}/absent.db?mode=ro&uri=true"),
+        lambda c: run_cli("runs", "--db", f"sqlite:///file:{c.tmp}/absent.db?mode=ro&uri=true"),
         None,
         ("{tmp}/absent.db does not exist (opened read-only",),
         check=_nothing_created("absent.db"),
@@ -824,26 +820,26 @@ CASES: list[Case] = [
     # ── membership / export arguments ──
     Case(
         "membership_at_zero",
-        lambda c: cli("membership", "r1", "--at", "0", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--at", "0", "--db", c.url),
         None,
         ("run 'r1' has seqs 1..6; --at 0 is outside it",),
         backends=BOTH,
     ),
     Case(
         "membership_at_beyond_head",
-        lambda c: cli("membership", "r1", "--at", "7", "--json", "--db", c.url),
+        lambda c: run_cli("membership", "r1", "--at", "7", "--json", "--db", c.url),
         None,
         ("run 'r1' has seqs 1..6; --at 7 is outside it",),
     ),
     Case(
         "membership_unknown_run",
-        lambda c: cli("membership", "ghost", "--db", c.url),
+        lambda c: run_cli("membership", "ghost", "--db", c.url),
         None,
         ("no run 'ghost' in", "(runs: r1, r2)"),
     ),
     Case(
         "export_unknown_run",
-        lambda c: cli("export", "ghost", "--db", c.url),
+        lambda c: run_cli("export", "ghost", "--db", c.url),
         None,
         ("no run 'ghost' in",),
     ),
@@ -939,7 +935,7 @@ def test_stored_unknown_type_stays_in_the_log_untouched(sqlite_url: str) -> None
             list(log.read("r1"))
     assert [e.seq for e in readable] == list(range(1, R1_HEAD + 1))
     assert (info.value.run, info.value.seq) == ("r1", 7)
-    result = cli("membership", "r1", "--db", sqlite_url)
+    result = run_cli("membership", "r1", "--db", sqlite_url)
     assert_cli_error(result, ["run 'r1' seq 7: unknown event type 'shard_teleported'"])
     after = dump(sqlite_url)
     assert after == before
@@ -991,7 +987,7 @@ def test_an_import_refused_at_line_3_writes_nothing_even_under_its_own_run_name(
     _build(sqlite_url)
     ctx = Ctx(sqlite_url, "sqlite", tmp_path)
     path = import_file(ctx, lambda ls: [ls[0], ls[1], "{oops", *ls[3:]])
-    result = cli("import", str(path), "--run", "copy", "--db", sqlite_url)
+    result = run_cli("import", str(path), "--run", "copy", "--db", sqlite_url)
     assert_cli_error(result, ["line 3:"])
     with EventLog.open(sqlite_url) as log:
         assert [s.run_id for s in log.runs()] == ["r1", "r2"]

@@ -13,16 +13,14 @@ import io
 import json
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from sqlalchemy import create_engine
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from fleetledger import cli as cli_module
 from fleetledger.events.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_FORMAT_VERSION,
@@ -34,40 +32,17 @@ from fleetledger.events.bundle import (
 )
 from fleetledger.events.log import EventLog
 from tests.builders import dump_tables
+from tests.cli_support import invoke, run_cli
 from tests.test_timeline import STORY_RUN, write_story
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 DEMO_EVENTS = 31
 Members = dict[str, bytes]
 
 
-@pytest.fixture(autouse=True)
-def _like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """An empty working directory, no ledger from the environment, structlog restored.
-
-    Every command points structlog at the stderr CliRunner captures, which is closed
-    after the command; a later test's warning would be written to a closed file.
-    """
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def invoke(*args: str, input: bytes | None = None) -> Result:
-    result = CliRunner().invoke(
-        cli_module.app, list(args), env={"FLEETLEDGER_DB": None}, input=input
-    )
-    assert result.exit_code == 0, (args, result.stdout, result.stderr, result.exception)
-    assert "Traceback" not in result.stdout + result.stderr
-    return result
-
-
 def refused(*args: str, input: bytes | None = None) -> Result:
-    result = CliRunner().invoke(
-        cli_module.app, list(args), env={"FLEETLEDGER_DB": None}, input=input
-    )
+    result = run_cli(*args, input=input)
     assert result.exit_code == 2, (args, result.stdout, result.stderr, result.exception)
     assert "Traceback" not in result.stdout + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -17,45 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
-from typer.testing import CliRunner, Result
 
-from fleetledger import cli as cli_module
 from fleetledger.events.database import head_revision
 from fleetledger.events.log import EventLog
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
+from tests.cli_support import invoke, run_cli
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 DEMO_EVENTS = 31
 DEMO_STEPS = 16
-
-
-@pytest.fixture(autouse=True)
-def _like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """Logging configured as the console script's main() does, in an empty directory.
-
-    Every command configures logging to stderr (the app's callback); the structlog
-    configuration is restored afterwards so other tests keep theirs.
-    """
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    result = CliRunner().invoke(
-        cli_module.app, list(args), env={"FLEETLEDGER_DB": None, **(env or {})}
-    )
-    assert result.exit_code == 0, (
-        f"fleetledger {' '.join(args)} exited {result.exit_code}\n"
-        f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
-    )
-    assert "Traceback" not in result.stdout + result.stderr
-    return result
 
 
 def only_run(url: str) -> str:
@@ -284,13 +257,7 @@ def test_import_text_output_and_stdin(sqlite_url: str) -> None:
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
     exported = invoke("export", run, "--db", sqlite_url).stdout
-    result = CliRunner().invoke(
-        cli_module.app,
-        ["import", "-", "--run", "from-stdin", "--db", sqlite_url],
-        input=exported,
-        env={"FLEETLEDGER_DB": None},
-    )
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    result = invoke("import", "-", "--run", "from-stdin", "--db", sqlite_url, input=exported)
     assert result.stdout.strip() == f"imported {DEMO_EVENTS} events as run from-stdin"
     assert invoke("export", "from-stdin", "--db", sqlite_url).stdout == exported.replace(
         f'"run":"{run}"', '"run":"from-stdin"'
@@ -356,9 +323,7 @@ def test_migrate_json_reports_from_and_to_on_sqlite(tmp_path: Path) -> None:
 def test_migrate_a_fresh_postgres_database_then_run_the_demo_there(postgres_url: str) -> None:
     head = head_revision()
     # Not migrated yet: a shared database is never created on open.
-    refused = CliRunner().invoke(
-        cli_module.app, ["demo", "--db", postgres_url], env={"FLEETLEDGER_DB": None}
-    )
+    refused = run_cli("demo", "--db", postgres_url)
     assert refused.exit_code == 2
     assert "fleetledger migrate" in refused.stderr
 

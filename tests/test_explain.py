@@ -10,15 +10,10 @@ pure explanation of the events truncated at that seq.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
-import structlog
-from typer.testing import CliRunner
 
-from fleetledger import cli as cli_module
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
@@ -45,7 +40,10 @@ from fleetledger.projections.history import replay
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
 from tests.builders import fleet_config as ledger_fleet_config
+from tests.cli_support import run_cli
 from tests.projection_builders import T0_US, Fleet, at_us_of, outcome, put_in
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 
 def explain_records(
@@ -474,19 +472,6 @@ def test_json_keys_of_both_explanations() -> None:
 RUN = "explained"
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def cli(*args: str) -> Any:
-    return CliRunner().invoke(cli_module.app, list(args), env={"FLEETLEDGER_DB": None})
-
-
 @pytest.fixture
 def ledger_with_snapshots(sqlite_url: str) -> str:
     """A suspect condemned after an abort, then a wedged shard; snapshots every 3 events."""
@@ -524,7 +509,7 @@ def test_explain_at_every_seq_equals_the_pure_explanation_of_the_truncated_run(
     for seq in range(1, len(records) + 1):
         for shard in (None, 0, 1):
             args = ["explain", RUN, *([] if shard is None else [str(shard)])]
-            result = cli(*args, "--at", str(seq), "--json", "--db", url)
+            result = run_cli(*args, "--at", str(seq), "--json", "--db", url)
             assert result.exit_code == 0, (seq, shard, result.stderr)
             expected = explain_records(records[:seq], shard).as_dict()
             assert json.loads(result.stdout) == json.loads(json.dumps(expected)), (seq, shard)
@@ -532,10 +517,10 @@ def test_explain_at_every_seq_equals_the_pure_explanation_of_the_truncated_run(
 
 def test_explain_text_at_an_earlier_seq_and_at_the_head(ledger_with_snapshots: str) -> None:
     url = ledger_with_snapshots
-    head = cli("explain", RUN, "1", "--db", url)
+    head = run_cli("explain", RUN, "1", "--db", url)
     assert head.exit_code == 0
     assert "shard 1 is DEAD since seq 11: condemned as the silent participant" in head.stdout
-    earlier = cli("explain", RUN, "1", "--at", "7", "--db", url)
+    earlier = run_cli("explain", RUN, "1", "--at", "7", "--db", url)
     assert earlier.exit_code == 0
     assert earlier.stdout.startswith(f"run {RUN}, as of seq 7 (")
     assert "shard 1 is SUSPECT since seq 7: a probe failed (seq 7: timeout: no answer)" in (
@@ -544,7 +529,7 @@ def test_explain_text_at_an_earlier_seq_and_at_the_head(ledger_with_snapshots: s
 
 
 def test_explain_refuses_a_shard_outside_the_fleet_in_one_line(ledger_with_snapshots: str) -> None:
-    result = cli("explain", RUN, "7", "--db", ledger_with_snapshots)
+    result = run_cli("explain", RUN, "7", "--db", ledger_with_snapshots)
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == (
@@ -556,12 +541,12 @@ def test_explain_refuses_a_seq_outside_the_run_and_an_unknown_run(
     ledger_with_snapshots: str,
 ) -> None:
     url = ledger_with_snapshots
-    outside = cli("explain", RUN, "--at", "99", "--db", url)
+    outside = run_cli("explain", RUN, "--at", "99", "--db", url)
     assert outside.exit_code == 2
     assert outside.stderr.strip() == (
         f"fleetledger: error: run '{RUN}' has seqs 1..18; --at 99 is outside it"
     )
-    unknown = cli("explain", "nope", "--db", url)
+    unknown = run_cli("explain", "nope", "--db", url)
     assert unknown.exit_code == 2
     assert "no run 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
 
@@ -576,9 +561,9 @@ def test_explain_at_a_time_answers_for_the_last_event_at_or_before_it(
     # Events stamped in the same microsecond share a time: the answer is the last of them.
     last_at_that_time = max(r.seq for r in records if r.at_us <= middle.at_us)
     when = middle.at.isoformat().replace("+00:00", "Z")
-    by_time = cli("explain", RUN, "0", "--at", when, "--json", "--db", url)
-    by_seq = cli("explain", RUN, "0", "--at", str(last_at_that_time), "--json", "--db", url)
+    by_time = run_cli("explain", RUN, "0", "--at", when, "--json", "--db", url)
+    by_seq = run_cli("explain", RUN, "0", "--at", str(last_at_that_time), "--json", "--db", url)
     assert by_time.exit_code == 0, by_time.stderr
     assert json.loads(by_time.stdout) == json.loads(by_seq.stdout)
-    naive = cli("explain", RUN, "--at", when.rstrip("Z"), "--db", url)
+    naive = run_cli("explain", RUN, "--at", when.rstrip("Z"), "--db", url)
     assert naive.exit_code == 2 and "zone" in naive.stderr

@@ -19,19 +19,16 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import event as sa_event
-from typer.testing import CliRunner, Result
 
-from fleetledger import cli as cli_module
 from fleetledger.controller.demo import run_demo
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.errors import LedgerError, UnknownRun
@@ -49,35 +46,13 @@ from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.history import EndEntry, Entry, EpochEntry, TransitionEntry, replay
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
+from tests.cli_support import invoke, run_cli
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 DEMO_RUN = "demo-under-test"
 DEMO_EVENTS = 31
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
-
-
-@pytest.fixture(autouse=True)
-def _like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """An empty working directory, no ledger from the environment, structlog restored."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
-
-
-def run_cli(*args: str) -> Result:
-    return CliRunner().invoke(cli_module.app, list(args), env={"FLEETLEDGER_DB": None})
-
-
-def invoke(*args: str) -> Result:
-    result = run_cli(*args)
-    assert result.exit_code == 0, (
-        f"fleetledger {' '.join(args)} exited {result.exit_code}\n"
-        f"stdout: {result.stdout}\nstderr: {result.stderr}\nexception: {result.exception!r}"
-    )
-    assert "Traceback" not in result.stdout + result.stderr
-    return result
 
 
 def fails(*args: str) -> str:

@@ -17,15 +17,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import structlog
-from typer.testing import CliRunner
 
-from fleetledger import cli as cli_module
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
@@ -41,6 +36,9 @@ from fleetledger.projections.history import (
     replay,
 )
 from tests.builders import fleet_config
+from tests.cli_support import invoke
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 E = TypeVar("E", bound=Entry)
 
@@ -48,17 +46,6 @@ RUN = "scenario"
 OK = ProbeResult.ok()
 TIMEOUT = ProbeResult("timeout", "no answer within probe_timeout_s=2")
 DIED = ProbeResult("died", "ActorDiedError: The actor died unexpectedly before finishing this task")
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """Each command configures structlog for stderr; put the tests' configuration back."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 # ── reading a scenario back ────────────────────────────────────────────────────
@@ -70,12 +57,7 @@ def history(url: str) -> list[Entry]:
 
 
 def explain(url: str, *args: str) -> str:
-    result = CliRunner().invoke(
-        cli_module.app, ["explain", RUN, *args, "--db", url], env={"FLEETLEDGER_DB": None}
-    )
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    assert "Traceback" not in result.stdout + result.stderr
-    return result.stdout
+    return invoke("explain", RUN, *args, "--db", url).stdout
 
 
 def explain_json(url: str, *args: str) -> dict[str, Any]:

@@ -13,16 +13,13 @@ from __future__ import annotations
 import itertools
 import struct
 import sys
-from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import structlog
 from hypothesis import given
-from typer.testing import CliRunner, Result
+from typer.testing import Result
 
-from fleetledger import cli as cli_module
 from fleetledger.cli.timeline_render import NOT_ENDED_COLOUR
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
@@ -31,27 +28,15 @@ from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import EpochEntry, TransitionEntry, replay
 from fleetledger.projections.lanes import Lanes, build_lanes, lanes_of
 from fleetledger.projections.shard_states import ShardState
+from tests.cli_support import invoke, run_cli
 from tests.projection_builders import Fleet, fleet_config
 from tests.test_fold_properties import CHEAP_PROPERTY, runs
+
+pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 DOCS_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "timeline-example.png"
 STORY_RUN = "grpo-7b-0412"
 STORY_SHARDS = 6
-
-
-@pytest.fixture(autouse=True)
-def _like_main(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """An empty working directory, no ledger from the environment, structlog restored.
-
-    Every command points structlog at the stderr CliRunner captures, which is closed
-    after the command; a later test's warning would be written to a closed file.
-    """
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLEETLEDGER_DB", raising=False)
-    monkeypatch.delenv("FLEETLEDGER_LOG", raising=False)
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 # ── a longer scripted run, with a synthetic clock ──────────────────────────────
@@ -338,7 +323,7 @@ def test_the_story_run_lanes_match_its_fold(sqlite_url: str) -> None:
 
 
 def timeline(*args: str, ok: bool = True) -> Result:
-    result = CliRunner().invoke(cli_module.app, ["timeline", *args], env={"FLEETLEDGER_DB": None})
+    result = run_cli("timeline", *args)
     if ok:
         assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     assert "Traceback" not in result.stdout + result.stderr
@@ -346,8 +331,7 @@ def timeline(*args: str, ok: bool = True) -> Result:
 
 
 def demo_run(url: str) -> str:
-    result = CliRunner().invoke(cli_module.app, ["demo", "--db", url], env={"FLEETLEDGER_DB": None})
-    assert result.exit_code == 0, result.stderr
+    invoke("demo", "--db", url)
     with EventLog.open(url) as log:
         (run,) = [s.run_id for s in log.runs()]
     return run
