@@ -29,11 +29,11 @@ from pathlib import Path
 
 from fleetledger.controller.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.logs import configure_logging
 from fleetledger.controller.outcome_reporter import OutcomeWindow
 from fleetledger.controller.probe_pump import ProbePump
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, OutcomeWindowReported, ShardOutcomes
+from fleetledger.logs import configure_logging
 
 
 def _config(shards: int, **health: float) -> FleetConfig:
@@ -50,7 +50,8 @@ def _line(name: str, value: str, verdict: str = "") -> None:
 
 
 def bench_probe_rounds(actors: int, rounds: int, timeout_s: float, db_dir: Path) -> None:
-    from fleetledger.controller.ray_fleet import RayShardFleet, local_ray, simulated_shard_factory
+    from fleetledger.controller.ray_fleet import RayShardFleet, local_ray
+    from fleetledger.engines.simulated import simulated_shard_factory
 
     with local_ray():
         started = time.perf_counter()

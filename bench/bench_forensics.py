@@ -55,13 +55,13 @@ from bench_ledger import (
 )
 
 from fleetledger.cli import app
-from fleetledger.controller.follow import read_history
-from fleetledger.controller.ledger import DEFAULT_SNAPSHOT_EVERY, load_view
+from fleetledger.controller.ledger import DEFAULT_SNAPSHOT_EVERY
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import datetime_from_us
 from fleetledger.events.schema import snapshots
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
+from fleetledger.queries import load_view, read_history
 
 TARGET_REPLAY_S = 3.0  # for 1,000,000 events
 TARGET_AT_MS = 100.0
@@ -237,7 +237,7 @@ def bench_replay(path: Path, events: int, repeat: int) -> None:
     )
     line(
         "1",
-        "  CLI, as_dict, JSON and writing, beyond read_history",
+        "  CLI, as_json, JSON and writing, beyond read_history",
         f"{best - history_s:8.2f} s  (cpu {best_cpu - history_cpu:.2f} s)",
     )
 

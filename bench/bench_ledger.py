@@ -54,7 +54,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 
-from fleetledger.controller.ledger import Ledger, load_view
+from fleetledger.controller.ledger import Ledger
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
@@ -82,6 +82,7 @@ from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
+from fleetledger.queries import load_view
 
 # Bump when the generator's output changes: it is part of the cache file's name.
 GENERATOR_VERSION = 1

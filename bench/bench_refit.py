@@ -27,11 +27,11 @@ from pathlib import Path
 import ray
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.logs import configure_logging
 from fleetledger.controller.ray_fleet import RayShardFleet, local_ray
 from fleetledger.controller.refit_recovery import RefitCoordinator
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
+from fleetledger.logs import configure_logging
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
 from fleetledger.transports.ray_members import GenerationWorker, TrainerRank
 

@@ -19,31 +19,30 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetledger.cli.simulation import (
+from fleetledger.controller.deadlines import RolloutDeadlines
+from fleetledger.controller.failure_taxonomy import DeadlineExpired
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import RecordedEvent
+from fleetledger.projections.fleet_view import fold_with_transitions
+from fleetledger.projections.shard_states import ShardState
+from fleetledger.queries import load_view
+from fleetledger.simulate import (
     Chaos,
     SimulationResult,
     SimulationSpec,
     run_simulation,
     simulation_config,
 )
-from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import DeadlineExpired
-from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import GenerationRequest
-from fleetledger.controller.ledger import Ledger, load_view
-from fleetledger.controller.outcome_reporter import OutcomeReporter
-from fleetledger.events.log import EventLog
-from fleetledger.events.models import RecordedEvent
-from fleetledger.projections.fleet_view import fold_with_transitions
-from fleetledger.projections.shard_states import ShardState
 
 pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
-from fleetledger.controller.ray_fleet import (  # noqa: E402 - needs Ray
-    RayShardFleet,
-    simulated_shard_factory,
-)
+from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402 - needs Ray
+from fleetledger.engines.simulated import simulated_shard_factory  # noqa: E402 - needs Ray
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import fields
 
 import pytest
 
@@ -22,6 +23,7 @@ from fleetledger.events.models import (
     ProgressReported,
     RecordedEvent,
     ShardOutcomes,
+    iso_at,
 )
 from fleetledger.projections.explain import (
     TEXT_LIMIT,
@@ -32,12 +34,11 @@ from fleetledger.projections.explain import (
     evidence_needed,
     explain_run,
     explain_shard,
-    iso,
     tally_span,
 )
 from fleetledger.projections.fleet_view import ProjectionError, fold
 from fleetledger.projections.history import replay
-from fleetledger.projections.shard_states import ShardState
+from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
 from tests.builders import fleet_config as ledger_fleet_config
 from tests.cli_support import run_cli
@@ -82,13 +83,13 @@ def test_a_shard_that_never_changed_state_says_so() -> None:
     for _ in range(3):
         fleet.probe_ok(0)
     e = shard_of(fleet, 0)
-    assert (e.state, e.since_seq, e.since_at_us, e.input) == ("HEALTHY", 1, T0_US, None)
+    assert (e.state, e.since_seq, e.since_at_us, e.input) == (ShardState.HEALTHY, 1, T0_US, None)
     assert e.chain == () and e.evidence == ()
     assert e.because == (
         "it has been HEALTHY since the run started; no rule has moved it",
         "it has never been condemned (no transition to DEAD or RETIRED)",
     )
-    assert e.headline.startswith("shard 0 is HEALTHY since seq 1: it has been HEALTHY since")
+    assert e.summary.startswith("shard 0 is HEALTHY since seq 1: it has been HEALTHY since")
     assert "how it got here: no transition recorded" in e.text
     assert "rule: run started — at seq 1" in e.text
     assert e.serving and not e.absent and not e.suspected
@@ -101,12 +102,15 @@ def test_a_retired_shard_is_terminal_and_a_later_restart_request_changes_nothing
     retired = fleet.last_seq
     fleet.restart_requested(1)  # ignored: RETIRED is terminal
     e = shard_of(fleet, 1)
-    assert (e.state, e.since_seq, e.input) == ("RETIRED", retired, "retired")
+    assert (e.state, e.since_seq, e.input) == (ShardState.RETIRED, retired, Input.RETIRE)
     assert e.because == (
         f"retired at seq {retired}: operator: host has a bad NIC",
         "RETIRED is terminal: nothing moves it again",
     )
-    assert [(t.before, t.after) for t in e.chain] == [("HEALTHY", "DEAD"), ("DEAD", "RETIRED")]
+    assert [(t.before, t.after) for t in e.chain] == [
+        (ShardState.HEALTHY, ShardState.DEAD),
+        (ShardState.DEAD, ShardState.RETIRED),
+    ]
     assert e.restart_attempts == 0
     assert (
         f"restarts: 0 of max_restart_attempts_per_shard 5 used (requested at seq {retired + 1})"
@@ -179,7 +183,7 @@ def test_explaining_an_earlier_seq_gives_the_earlier_state() -> None:
     assert shard_of(fleet, 1).state == "RESTARTING"
     at_dead = shard_of(fleet, 1, at=dead)
     assert (at_dead.state, at_dead.seq, at_dead.since_seq) == ("DEAD", dead, dead)
-    assert at_dead.headline == (
+    assert at_dead.summary == (
         f"shard 1 is DEAD since seq {dead}: 3 consecutive failed probes (seqs {suspect}, "
         f"{suspect + 1}, {dead}: error: HTTP 503) ≥ unhealthy_threshold 3; no actor death was "
         "confirmed: the probe streak condemned it."
@@ -203,7 +207,8 @@ def test_a_single_window_can_condemn_and_with_no_probes_it_says_so() -> None:
         f"3 consecutive reported failures (seq {seq}: infra ConnectError) ≥ unhealthy_threshold 3",
         "no probe of it was recorded in that span: the reported streak alone condemned it",
     )
-    assert e.tally is not None and (e.tally.probes_ok, e.tally.probes_failed) == (0, 0)
+    assert e.probe_tally is not None
+    assert (e.probe_tally.probes_ok, e.probe_tally.probes_failed) == (0, 0)
 
 
 def test_a_reported_streak_with_failing_probes_says_the_streak_got_there_first() -> None:
@@ -269,9 +274,10 @@ def test_missing_evidence_is_named_not_invented() -> None:
 def test_a_shard_outside_the_fleet_is_refused_with_the_valid_range() -> None:
     fleet = Fleet()
     view = fold(fleet.records)
-    with pytest.raises(ProjectionError, match=r"shard 3 is not in this fleet \(shards 0\.\.2\)"):
+    refused = r"shard 3 is out of range: .* \(valid shards 0\.\.2\)"
+    with pytest.raises(ProjectionError, match=refused):
         check_shard(view, 3)
-    with pytest.raises(ProjectionError, match="shard -1 is not in this fleet"):
+    with pytest.raises(ProjectionError, match="shard -1 is out of range"):
         explain_shard(view, list(replay(fleet.records)), -1, {})
 
 
@@ -306,7 +312,7 @@ def test_tally_span_counts_only_that_shards_probes_inside_the_span() -> None:
     fleet.probe_ok(0)  # 6: after the span
     tally = tally_span(fleet.records, 0, 3, 5)
     assert (tally.probes_ok, tally.probes_failed) == (1, 1)
-    assert tally.as_dict() == {
+    assert tally.as_json() == {
         "shard": 0,
         "first_seq": 3,
         "last_seq": 5,
@@ -369,7 +375,7 @@ def test_long_histories_are_summarised_in_text_and_complete_in_json() -> None:
     assert len(e.chain) == 2 * flaps
     assert f"how it got here ({2 * flaps} transitions):" in e.text
     assert f"… {2 * flaps - TEXT_LIMIT} earlier (see --json)" in e.text
-    assert len(e.as_dict()["chain"]) == 2 * flaps
+    assert len(e.as_json()["chain"]) == 2 * flaps
     run = run_of(fleet)
     lost = [f for f in run.findings if f.kind == "shard_lost"]
     assert len(lost) == 1 + TEXT_LIMIT  # the death, then every failed restart
@@ -394,7 +400,7 @@ def test_a_run_with_nothing_wrong_says_so() -> None:
     fleet.probe_ok(0)
     e = run_of(fleet)
     assert e.ended is None and e.why is None and e.findings == ()
-    assert e.headline.startswith(f"run {fleet.run} has not ended: as of seq 2 (")
+    assert e.summary.startswith(f"run {fleet.run} has not ended: as of seq 2 (")
     assert "progress: none was ever reported" in e.text
     assert "trouble recorded: none" in e.text
     assert "refits: none open, none completed" in e.text
@@ -409,7 +415,7 @@ def test_where_progress_stopped_counts_events_and_seconds_since() -> None:
     e = run_of(fleet)
     assert e.progress is not None and e.progress.at_us == at_us_of(progress)
     assert (
-        f"last progress at seq {progress} ({iso(at_us_of(progress))}): 1 committed "
+        f"last progress at seq {progress} ({iso_at(at_us_of(progress))}): 1 committed "
         "group, 1 train step, 0 in flight; nothing newer in the 5 events and 5.0 s up to seq "
         f"{fleet.last_seq}"
     ) in e.text
@@ -429,32 +435,45 @@ def test_a_refusal_with_no_suspect_says_there_was_nothing_to_go_on() -> None:
     )
 
 
-def test_json_keys_of_both_explanations() -> None:
+def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
     fleet = Fleet()
     fleet.probe_failed(1)
     fleet.run_ended()
-    shard = shard_of(fleet, 1).as_dict()
+    explained = shard_of(fleet, 1)
+    shard = explained.as_json()
     assert set(shard) == {
-        "kind", "run", "seq", "at", "shard", "state", "since_seq", "since_at", "rule", "input",
-        "because", "summary", "evidence", "chain", "restarts", "decisions", "restart_attempts",
-        "max_restart_attempts_per_shard", "probe_failures", "reported_failures",
-        "unhealthy_threshold", "weight_version", "trainer_weight_version", "serving", "absent",
-        "suspected", "epoch", "serving_set", "absent_set", "suspected_set", "layout",
-        "open_refit", "base_url", "probe_tally",
+        "kind", "run", "seq", "at_us", "at", "shard", "state", "since_seq", "since_at_us",
+        "since_at", "rule", "input", "because", "summary", "evidence", "chain", "restarts",
+        "decisions", "restart_attempts", "max_restart_attempts_per_shard", "probe_failures",
+        "reported_failures", "unhealthy_threshold", "weight_version", "trainer_weight_version",
+        "serving", "absent", "suspected", "epoch", "serving_set", "absent_set", "suspected_set",
+        "layout", "open_refit", "base_url", "probe_tally",
+    }  # fmt: skip
+    assert set(shard) == {f.name for f in fields(ShardExplanation)} | {
+        "kind", "at", "since_at", "summary",
     }  # fmt: skip
     assert (shard["kind"], shard["state"], shard["input"]) == ("shard", "SUSPECT", "probe failed")
+    assert (shard["at_us"], shard["at"]) == (explained.at_us, iso_at(explained.at_us))
+    assert shard["summary"] == explained.summary
     assert shard["chain"][0]["kind"] == "transition" and shard["chain"][0]["at"].endswith("Z")
+    assert shard["chain"] == [t.as_json() for t in explained.chain]
+    assert set(shard["evidence"][0]) == {"seq", "at_us", "at", "what"}
     assert set(shard["layout"]) == {
         "world_size", "train_world_size", "workers_per_shard", "shard_ranks", "error",
     }  # fmt: skip
-    run = run_of(fleet).as_dict()
+    assert shard["layout"]["shard_ranks"] == {"0": [2], "1": [3], "2": [4]}
+    run = run_of(fleet).as_json()
     assert set(run) == {
-        "kind", "run", "seq", "at", "started_at", "summary", "ended", "why", "findings",
-        "progress", "stalls", "open_refit", "last_completed_refit", "not_healthy", "epoch",
-        "serving", "absent", "suspected", "trainer_weight_version", "layout",
+        "kind", "run", "seq", "at_us", "at", "started_at_us", "started_at", "summary", "ended",
+        "why", "findings", "progress", "stalls", "open_refit", "last_completed_refit",
+        "not_healthy", "epoch", "serving", "absent", "suspected", "trainer_weight_version",
+        "layout",
     }  # fmt: skip
+    assert (run["started_at_us"], run["started_at"]) == (T0_US, iso_at(T0_US))
     assert run["ended"] == {
+        "kind": "end",
         "seq": fleet.last_seq,
+        "at_us": run["at_us"],
         "at": run["at"],
         "outcome": "completed",
         "cause": "max steps",
@@ -463,7 +482,7 @@ def test_json_keys_of_both_explanations() -> None:
         {"shard": 1, "state": "SUSPECT", "since_seq": 2, "rule": "failed probe: timeout",
          "suspected": True}
     ]  # fmt: skip
-    json.dumps(shard), json.dumps(run)  # both are plain JSON
+    assert json.loads(json.dumps(shard)) == shard and json.loads(json.dumps(run)) == run
 
 
 # ── the command, on a real ledger with snapshots ───────────────────────────────
@@ -511,7 +530,7 @@ def test_explain_at_every_seq_equals_the_pure_explanation_of_the_truncated_run(
             args = ["explain", RUN, *([] if shard is None else [str(shard)])]
             result = run_cli(*args, "--at", str(seq), "--json", "--db", url)
             assert result.exit_code == 0, (seq, shard, result.stderr)
-            expected = explain_records(records[:seq], shard).as_dict()
+            expected = explain_records(records[:seq], shard).as_json()
             assert json.loads(result.stdout) == json.loads(json.dumps(expected)), (seq, shard)
 
 
@@ -533,7 +552,8 @@ def test_explain_refuses_a_shard_outside_the_fleet_in_one_line(ledger_with_snaps
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == (
-        f"fleetledger: error: run '{RUN}': shard 7 is not in this fleet (shards 0..2)\n"
+        f"fleetledger: error: run '{RUN}': shard 7 is out of range: this run has shard_count=3 "
+        "(valid shards 0..2)\n"
     )
 
 

@@ -1,4 +1,4 @@
-"""The failure taxonomy, row by row of REFERENCE §5.
+"""The failure taxonomy, row by row of docs/reference.md §5.
 
 Ray, aiohttp and openai need not be installed: their error types are matched by
 top-level package and class name, so the fakes below are declared in modules of the
@@ -110,7 +110,7 @@ def _expect(exc: BaseException, kind: FailureKind, reason: str) -> None:
     assert classify_exception(exc) == Classification(kind, reason)
 
 
-# --- REFERENCE §5, exception rows --------------------------------------------------------
+# --- docs/reference.md §5, exception rows --------------------------------------------------------
 
 INFRA_EXCEPTIONS = [
     (TimeoutError("t"), "timeout"),

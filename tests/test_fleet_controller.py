@@ -98,6 +98,10 @@ def test_a_failed_restart_goes_back_to_dead_and_the_budget_retires(log):
     assert failed.error == "RuntimeError: no GPU left on the node"
     assert controller.restart(0) == "RETIRED"  # second attempt > budget of 1
     assert fleet.restarted == []  # past the budget no actor is touched
+    # The fold retired it by the rule the restart decision applied, in the same words.
+    assert ledger.view.shards[0].since_rule == (
+        "restart attempts exhausted (2 > max_restart_attempts_per_shard 1)"
+    )
     assert controller.restart(0) == "RETIRED"  # and nothing moves it again
     assert [r.event.type for r in log.read("r", 1)].count("restart_requested") == 2
 
@@ -108,6 +112,17 @@ def test_restart_of_a_shard_that_is_not_dead_does_nothing(log):
     head = log.head("r")
     assert controller.restart(0) == "HEALTHY"
     assert log.head("r") == head
+
+
+def test_restart_after_the_run_ended_records_nothing(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    fleet = ScriptedFleet()
+    controller = _controller(ledger, fleet)
+    ledger.actor_died(0, "gone")
+    ledger.end_run("failed", "the trainer crashed")
+    head = log.head("r")
+    assert controller.restart(0) == "DEAD"
+    assert log.head("r") == head and fleet.restarted == []
 
 
 def test_a_resumed_controller_queues_the_shards_that_died_meanwhile(log, sqlite_url):

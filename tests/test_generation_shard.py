@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
-from fleetledger.controller.generation_shard import GenerationRequest, SimulatedShard
+from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.engines.simulated import SimulatedShard
 
 REQUEST = GenerationRequest(prompt_id="p1", group_id="g1", prompt="2+2=")
 

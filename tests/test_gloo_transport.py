@@ -24,8 +24,9 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
-from fleetledger.transports.weight_sync import (  # noqa: E402
+from fleetledger.weight_sync import (  # noqa: E402
     NoCollective,
+    Party,
     PushReport,
     ReconcileOutcome,
     RefitFailed,
@@ -103,7 +104,8 @@ def test_a_kill_in_the_middle_of_a_broadcast_fails_the_push_then_the_smaller_wor
             with pytest.raises(RefitFailed) as failed:
                 push.result(timeout=120)
         # The dead party is named (dead, or failed when its socket reset first).
-        assert "shard 2" in {**failed.value.dead, **failed.value.errors}, str(failed.value)
+        assert Party.shard(2) in {**failed.value.dead, **failed.value.errors}, str(failed.value)
+        assert "shard 2: " in str(failed.value)  # messages still say it the old way
         ledger.actor_died(2, "ActorDiedError: killed mid-broadcast")
         # The absent set is new here; on the recovery path it is forced regardless.
         assert _reconcile(fleet, ledger, force=True) is ReconcileOutcome.REBUILT
@@ -121,6 +123,8 @@ def test_a_frozen_receiver_is_named_silent_and_the_push_is_bounded(fleet, ledger
     with pytest.raises(RefitFailed) as failed:
         fleet.sync.push(1)
     assert failed.value.silent_shards == (0,)
+    assert 0 in failed.value.named_shards  # where a silent participant must be found
+    assert Party.shard(0) in failed.value.silent
     assert not failed.value.dead
     os.kill(fleet.pids[0], signal.SIGCONT)
 
@@ -138,6 +142,12 @@ def test_a_worker_must_be_told_the_membership_before_it_joins(fleet):
         ray.get(fleet.workers[0].refit_join.remote(7, 1, 2, 1, 1.0, 1.0), timeout=60)
 
 
+def test_a_push_before_any_build_fails_naming_no_party(fleet):
+    with pytest.raises(RefitFailed, match="no communicator: reconcile first") as failed:
+        fleet.sync.push(1)
+    assert (failed.value.dead, failed.value.silent, failed.value.errors) == ({}, {}, {})
+
+
 def test_a_transport_without_a_collective_says_not_applicable():
     loaded: list[int] = []
 
@@ -147,4 +157,5 @@ def test_a_transport_without_a_collective_says_not_applicable():
 
     transport = NoCollective(load)
     assert transport.reconcile({1}, force=True) is ReconcileOutcome.NOT_APPLICABLE
+    assert transport.built_layout is None  # nothing built: the coordinator checks no layout
     assert transport.push(3).version == 3 and loaded == [3]

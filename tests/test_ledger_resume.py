@@ -7,13 +7,14 @@ import subprocess
 import sys
 import textwrap
 
-from fleetledger.controller.ledger import Ledger, ProbeResult, load_view
+from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, ShardOutcomes
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
+from fleetledger.queries import load_view
 from tests.builders import fleet_config
 
 RESUME_AND_FAIL_SHARD_1 = textwrap.dedent(

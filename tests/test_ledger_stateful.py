@@ -23,7 +23,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from fleetledger.controller.ledger import Ledger, ProbeResult, load_view
+from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.errors import AppendRejected
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
@@ -35,6 +35,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ABSENT, Input, ShardState, Transition
+from fleetledger.queries import load_view
 
 MAX_SHARDS = 5
 RECOVERY_ONLY_BY_REFIT = {ShardState.DEAD, ShardState.RESTARTING, ShardState.STALE}

@@ -1,4 +1,4 @@
-"""REFERENCE §2 and DESIGN "Rank layout": the refit communicator's layout as a pure function."""
+"""docs/reference.md §2: the refit communicator's layout as a pure function."""
 
 from __future__ import annotations
 
@@ -120,7 +120,10 @@ def test_no_survivors_is_refused(survivors):
 
 @pytest.mark.parametrize("index", [-1, 4, 99])
 def test_a_shard_index_outside_dp_is_refused(index):
-    with pytest.raises(RankLayoutError, match=rf"shard index {index} is outside \[0, 4\)"):
+    with pytest.raises(
+        RankLayoutError,
+        match=rf"shard {index} is out of range: this run has shard_count=4 \(valid shards 0\.\.3\)",
+    ):
         layout([0, index], 4, 4, 8)
 
 
@@ -205,7 +208,7 @@ def test_the_view_layout_covers_every_shard_while_none_is_absent():
 
 
 def test_the_view_layout_skips_absent_shards_but_keeps_suspect_and_stale_ones():
-    # DESIGN's example, reached through the fold: shard 1 absent → world 8.
+    # The layout rule's example, reached through the fold: shard 1 absent → world 8.
     fleet = Fleet(shard_count=4, workers_per_shard=2, train_world_size=2)
     fleet.actor_died(1)
     lay = fleet.view.layout()

@@ -1,4 +1,5 @@
-"""Refit recovery (REFERENCE §4) on real gloo groups between Ray actor processes.
+"""Refit recovery on real gloo groups between Ray actor processes: probe now, mark
+partial, condemn a lone suspect, rebuild, retry once.
 
 Kills and freezes are real signals; every step of a recovery must be in the log, and
 the layout the transport built must be the ledger's layout at that point.
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
 from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
@@ -25,7 +26,13 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
-from fleetledger.transports.weight_sync import RefitFailed  # noqa: E402
+from fleetledger.weight_sync import (  # noqa: E402
+    Party,
+    PushReport,
+    ReconcileOutcome,
+    RefitFailed,
+    WeightSynchronizer,
+)
 from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
 REFIT_TIMEOUT_S = 2.0
@@ -114,8 +121,8 @@ def test_kill_in_the_middle_of_a_broadcast_recovers_on_the_smaller_world(ray_clu
 
 
 def test_a_shard_frozen_mid_refit_is_condemned_as_the_silent_participant(fleet, ledger):
-    """REFERENCE §8: nothing suspected it before; the refit hangs on it, the probe of
-    the recovery times out (its one suspect), and it is condemned."""
+    """Nothing suspected it before; the refit hangs on it, the probe of the recovery
+    times out (its one suspect), and it is condemned."""
     coordinator = _coordinator(fleet, ledger)
     fleet.step(1)
     coordinator.refit(1)
@@ -190,34 +197,54 @@ def test_a_restarted_shard_rejoins_the_next_refit_and_serves_at_the_new_version(
     assert _checksums(fleet, (0, 1, 2)) == {expected}
 
 
-class _LostContext(RuntimeError):
-    context_lost = True
+class _RemoteTaskError(Exception):
+    """The shape of a Ray task error: the remote exception as ``.cause``, no ``__cause__``."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"the remote task failed: {type(cause).__name__}")
+        self.cause = cause
 
 
-class _ContextLossTransport:
+class _ContextLossTransport(WeightSynchronizer):
     """A transport whose push fails with a lost device context — what a CUDA fault in the
     bulk transfer looks like. No CPU collective can lose a device context, so this one
-    case is scripted; the recovery's reaction to it is what is under test."""
+    case is scripted; the recovery's reaction to it is what is under test. ``arrives``:
+    as raised, as the ``__cause__`` of another error, or as the ``.cause`` of a remote
+    task's error (what Ray's task error carries) — as an RPC layer would hand it on.
+    """
 
-    def __init__(self) -> None:
+    def __init__(self, arrives: str) -> None:
+        super().__init__()
         self.reconciles: list[bool] = []
+        self.arrives = arrives
 
-    def reconcile(self, absent, *, force=False):
+    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
         self.reconciles.append(force)
+        return ReconcileOutcome.NOT_APPLICABLE
 
-    def push(self, version):
-        raise _LostContext("CUDA error: an illegal memory access was encountered")
+    def push(self, version) -> PushReport:
+        lost = RefitFailed(
+            "push",
+            errors={Party.trainer(0): "CUDA error: an illegal memory access was encountered"},
+            context_lost=True,
+        )
+        if self.arrives == "chained":
+            raise RuntimeError("the trainer's push task failed") from lost
+        if self.arrives == "remote":
+            raise _RemoteTaskError(lost)
+        raise lost
 
-    def abort(self):
+    def abort(self) -> None:
         raise AssertionError("no rebuild may be attempted on a lost context")
 
 
-def test_a_lost_device_context_ends_the_run_at_once(ledger):
+@pytest.mark.parametrize("arrives", ["direct", "chained", "remote"])
+def test_a_lost_device_context_ends_the_run_at_once(ledger, arrives):
     class NoProbes:
         def probe(self, shards, timeout_s):
             raise AssertionError("no probing on a lost context")
 
-    transport = _ContextLossTransport()
+    transport = _ContextLossTransport(arrives)
     coordinator = RefitCoordinator(
         ledger, transport, NoProbes(), refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
     )
@@ -226,7 +253,102 @@ def test_a_lost_device_context_ends_the_run_at_once(ledger):
     aborted = [r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "refit_aborted"]
     assert [a.context_lost for a in aborted] == [True]
     assert transport.reconciles == [False]
-    assert "illegal memory access" in ledger.view.ended.cause
+    assert "device context is lost" in ledger.view.ended.cause
+    if arrives == "direct":  # the transport's account is the recorded reason, parties and all
+        assert "trainer 0: CUDA error: an illegal memory access" in ledger.view.ended.cause
+
+
+class _FailsOnce(WeightSynchronizer):
+    """A transport whose first push fails with ``failure`` and whose retry succeeds."""
+
+    def __init__(self, failure: RefitFailed) -> None:
+        super().__init__()
+        self.failures = [failure]
+
+    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
+        return ReconcileOutcome.NOT_APPLICABLE
+
+    def push(self, version) -> PushReport:
+        if self.failures:
+            raise self.failures.pop()
+        return PushReport(version, 1, 0, "", 0.0)
+
+    def abort(self) -> None:
+        return None
+
+
+class _Answers:
+    """Probe answers by shard; a shard not listed answers ok."""
+
+    def __init__(self, answers: dict[int, ProbeResult]) -> None:
+        self.answers = answers
+
+    def probe(self, shards, timeout_s):
+        return {s: self.answers.get(s, ProbeResult.ok()) for s in shards}
+
+
+def _scripted(ledger: Ledger, failure: RefitFailed, answers: dict[int, ProbeResult]):
+    return RefitCoordinator(
+        ledger,
+        _FailsOnce(failure),
+        _Answers(answers),
+        refit_timeout_s=1.0,
+        grace_s=1.0,
+        probe_timeout_s=0.5,
+    )
+
+
+_FROZEN = {0: ProbeResult("timeout", "no answer within 0.5s")}
+
+
+def test_the_lone_suspect_the_transport_named_is_condemned_with_the_decisions_reason(ledger):
+    failure = RefitFailed("push", silent={Party.shard(0): "no answer within 3s"})
+    outcome = _scripted(ledger, failure, _FROZEN).refit(1)
+    assert outcome.recovered and outcome.condemned == 0 and outcome.participants == (1, 2)
+    (condemned,) = [
+        r.event
+        for r in ledger.log.read(ledger.run, 1)
+        if r.event.type == "silent_participant_condemned"
+    ]
+    assert condemned.reason == (
+        "refit v1 aborted with nothing absent and shard 0 the only suspect: "
+        "RefitFailed: refit push failed — silent: shard 0: no answer within 3s"
+    )
+
+
+def test_a_lone_suspect_the_transport_did_not_name_is_refused_and_the_run_ends(ledger):
+    """The transport saw shard 2 hang while shard 0 was the one that missed a probe:
+    blaming shard 0 would condemn the wrong shard."""
+    failure = RefitFailed("push", silent={Party.shard(2): "no answer within 3s"})
+    found = "the only suspect, shard 0, is not among the shards the transport named ([2])"
+    with pytest.raises(RunFailed) as failed:
+        _scripted(ledger, failure, _FROZEN).refit(1)
+    assert (
+        str(failed.value) == f"refit v1 aborted and no silent participant could be named: {found}"
+    )
+    (refusal,) = [
+        r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "condemnation_refused"
+    ]
+    assert (refusal.suspected, refusal.reason) == ((0,), f"refit v1: {found}")
+    assert ledger.view.ended.cause == str(failed.value)
+    assert "silent_participant_condemned" not in _types_since(ledger, 1)
+
+
+def test_a_dead_trainer_ends_the_run_without_a_rebuild(ledger):
+    failure = RefitFailed("push", dead={Party.trainer(0): "ActorDiedError: gone"})
+    with pytest.raises(RunFailed, match=r"trainer rank\(s\) \[0\] died"):
+        _scripted(ledger, failure, {}).refit(1)
+    assert "weights_marked_partial" not in _types_since(ledger, 1)
+
+
+def test_a_shard_the_push_saw_die_is_recorded_dead_though_its_probe_answered(ledger):
+    failure = RefitFailed("push", dead={Party.shard(1): "ActorDiedError: killed"})
+    outcome = _scripted(ledger, failure, {}).refit(1)
+    assert outcome.recovered and outcome.participants == (0, 2) and outcome.condemned is None
+    (death,) = [
+        r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "actor_death_confirmed"
+    ]
+    assert (death.shard, death.error) == (1, "seen dying by the refit: ActorDiedError: killed")
 
 
 def _probe_until_dead(fleet: Fleet, ledger: Ledger, shard: int, timeout_s: float = 60.0) -> None:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import fields
 from datetime import timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -41,11 +42,21 @@ from fleetledger.events.models import (
     RunStarted,
     ShardOutcomes,
     datetime_from_us,
+    iso_at,
 )
 from fleetledger.projections.fleet_view import FleetView, fold
-from fleetledger.projections.history import EndEntry, Entry, EpochEntry, TransitionEntry, replay
+from fleetledger.projections.history import (
+    ENTRY_TYPES,
+    EndEntry,
+    Entry,
+    EpochEntry,
+    RefitEntry,
+    StallEntry,
+    TransitionEntry,
+    replay,
+)
 from fleetledger.projections.membership import membership_document
-from fleetledger.projections.shard_states import ShardState
+from fleetledger.projections.shard_states import Input, ShardState
 from tests.cli_support import invoke, run_cli
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -84,7 +95,7 @@ def expected_entries(url: str, run: str, to_seq: int | None = None) -> list[Entr
 
 
 def as_docs(entries: list[Entry]) -> list[dict[str, Any]]:
-    return normalised([e.as_dict() for e in entries])
+    return normalised([e.as_json() for e in entries])
 
 
 def stored_times(url: str, run: str) -> list[int]:
@@ -196,6 +207,34 @@ def test_replay_json_lines_equal_the_history_projection(demo_url: str) -> None:
     ]
 
 
+def test_replay_json_keys_are_each_entrys_fields_and_its_declared_derived_keys(
+    demo_sqlite: str,
+) -> None:
+    docs = replay_json(demo_sqlite, DEMO_RUN)
+    entries = expected_entries(demo_sqlite, DEMO_RUN)
+    assert {type(e) for e in entries} == set(ENTRY_TYPES) - {StallEntry}  # the demo never stalls
+    for entry, doc in zip(entries, docs, strict=True):
+        assert list(doc) == [*entry.JSON_DERIVED, *(f.name for f in fields(entry))]
+        assert (doc["kind"], doc["at_us"], doc["at"]) == (
+            entry.kind,
+            entry.at_us,
+            iso_at(entry.at_us),
+        )
+        if isinstance(entry, RefitEntry):
+            assert doc["started_at"] == iso_at(entry.started_at_us)
+            assert doc["duration_s"] == (entry.at_us - entry.started_at_us) / 1e6
+
+
+def test_transition_entries_hold_the_folds_states_and_inputs(demo_sqlite: str) -> None:
+    moves = [e for e in expected_entries(demo_sqlite, DEMO_RUN) if isinstance(e, TransitionEntry)]
+    assert moves
+    for t in moves:
+        assert type(t.before) is ShardState and type(t.after) is ShardState, t
+        assert type(t.input) is Input, t
+    died = next(t for t in moves if t.after is ShardState.DEAD)
+    assert (died.before, died.input) == (ShardState.SUSPECT, Input.PROBE_FAILED)
+
+
 def test_replay_from_is_the_full_replay_from_that_seq(demo_sqlite: str) -> None:
     """Folding up to SEQ-1 silently loses nothing: not even the start of an open refit."""
     full = replay_json(demo_sqlite, DEMO_RUN)
@@ -274,7 +313,7 @@ def test_replay_errors_are_one_line_and_status_2(demo_sqlite: str) -> None:
     assert "not an ISO 8601 time" in fails("replay", DEMO_RUN, "--until", "yesterday", *db)
     before = fails("replay", DEMO_RUN, "--until", iso(times[0] - 1), *db)
     assert f"run {DEMO_RUN!r} began at" in before and "before its first event" in before
-    assert "has shards 0..3" in fails("replay", DEMO_RUN, "--shard", "4", *db)
+    assert "valid shards 0..3" in fails("replay", DEMO_RUN, "--shard", "4", *db)
     assert "cannot start at seq 32" in fails("replay", DEMO_RUN, "--from", "32", *db)
     assert "cannot start at seq 0" in fails("replay", DEMO_RUN, "--from", "0", *db)
     assert "cannot stop at seq 40" in fails("replay", DEMO_RUN, "--to", "40", *db)
@@ -325,8 +364,8 @@ def test_history_transitions_and_epochs_are_the_folds(sqlite_url: str) -> None:
 
 PROGRESS_SCRIPT = (
     "import sys\n"
-    "from fleetledger.cli import replay_commands\n"
-    "replay_commands.PROGRESS_DELAY_S = float(sys.argv[1])\n"
+    "from fleetledger.cli import output\n"
+    "output.PROGRESS_DELAY_S = float(sys.argv[1])\n"
     "from fleetledger.cli import main\n"
     "sys.argv = ['fleetledger', *sys.argv[2:]]\n"
     "main()\n"

@@ -1,4 +1,4 @@
-"""The failure stories of REFERENCE §8 and the seed, as ledgers, and what forensics says.
+"""The failure stories a fleet must survive, as ledgers, and what forensics says.
 
 Each test writes one story through the real ingest facade (``Ledger``) into a real
 ledger (a SQLite file; the freeze-mid-refit story also on PostgreSQL), then checks two

@@ -1,4 +1,4 @@
-"""Every row of REFERENCE §1, as examples folded through ``FleetView``.
+"""Every rule of docs/reference.md §1, as examples folded through ``FleetView``.
 
 Deliberate deviations from the reference (documented in ``shard_states.py``) are pinned
 here too: a completed refit does not resurrect absent shards and leaves serving shards'

@@ -18,6 +18,7 @@ from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.stall_watchdog import StallWatchdog
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import Event
+from fleetledger.projections.decisions import decide_exhaustion
 from tests.builders import fleet_config
 
 RUN = "watchdog"
@@ -202,6 +203,7 @@ def test_exhaustion_ends_the_run_with_its_cause(
     decision = tick(dog, groups=1)
     assert decision.action == "exhausted"
     assert "below min_healthy_shards=2" in decision.cause
+    assert decision.cause == decide_exhaustion(ledger.view).reason  # recorded as decided
 
     assert kinds(log) == ["progress_reported", "fleet_exhausted", "run_ended"]
     exhausted, ended = watchdog_events(log)[1:]
@@ -221,7 +223,7 @@ def test_exhaustion_is_suspended_while_recovering(
     tick(dog, groups=1)
     with dog.recovering():
         kill(ledger, 1, 2)
-        assert ledger.view.exhaustion() is not None
+        assert decide_exhaustion(ledger.view).exhausted
         with dog.recovering():  # nested windows: only the outermost exit reopens the check
             assert tick(dog, groups=1).action == "none"
         assert dog.is_recovering
@@ -242,11 +244,11 @@ def test_a_recovery_that_brings_the_fleet_back_is_never_exhaustion(
         ledger.restart_requested(2)
         ledger.replacement_loaded(2)  # STALE: alive, but serving only after a refit
         kill(ledger, 1)
-        assert ledger.view.exhaustion() is not None  # for a moment, only shard 0 serves
+        assert decide_exhaustion(ledger.view).exhausted  # for a moment, only shard 0 serves
         assert tick(dog).action == "none"
         ledger.refit_started(2)
         ledger.refit_completed(2)
-    assert ledger.view.exhaustion() is None
+    assert not decide_exhaustion(ledger.view).exhausted
     assert tick(dog).action == "none"
     assert "fleet_exhausted" not in kinds(log)
 

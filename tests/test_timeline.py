@@ -12,18 +12,28 @@ from __future__ import annotations
 
 import itertools
 import struct
+import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from hypothesis import given
 from typer.testing import Result
 
-from fleetledger.cli.timeline_render import NOT_ENDED_COLOUR
+from fleetledger.cli.timeline import html as html_painter
+from fleetledger.cli.timeline.palette import NOT_ENDED_COLOUR, Glyph
+from fleetledger.cli.timeline.scene import MAX_LABELLED_REFITS, Scene, build_scene
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import FailureCount, FleetConfig, RecordedEvent, ShardOutcomes
+from fleetledger.events.models import (
+    CondemnationRefused,
+    FailureCount,
+    FleetConfig,
+    RecordedEvent,
+    ShardOutcomes,
+)
 from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import EpochEntry, TransitionEntry, replay
 from fleetledger.projections.lanes import Lanes, build_lanes, lanes_of
@@ -545,3 +555,160 @@ def test_the_committed_example_picture_is_a_small_valid_png() -> None:
     width, height = png_size(DOCS_EXAMPLE)
     assert width >= 1000 and height >= 300
     assert DOCS_EXAMPLE.stat().st_size < 300_000
+
+
+# ── the scene: one picture, two painters ───────────────────────────────────────
+
+
+def every_mark_lanes(**config: int) -> Lanes:
+    """A short run with one mark of every kind: refits of each outcome, a condemnation, a
+    refusal, stalls of both actions, an exhaustion, a refit left open."""
+    fleet = Fleet(shard_count=3, **config)
+    fleet.refit_started(1)
+    fleet.refit_completed(1)
+    fleet.probe_failed(2)
+    fleet.refit_started(2)
+    fleet.refit_aborted(2)
+    fleet.condemned(2)
+    fleet.probe_failed(0)
+    fleet.probe_failed(1)
+    fleet.refit_started(3)
+    fleet.refit_aborted(3, "gloo: Connection reset by peer")
+    fleet.apply(CondemnationRefused(suspected=(0, 1), reason="two suspects"))
+    fleet.stall("warn")
+    fleet.stall("abort")
+    fleet.exhausted()
+    fleet.refit_started(4)
+    return lanes_of(fleet.records)
+
+
+def test_the_scene_is_the_same_for_the_same_lanes() -> None:
+    first, again = every_mark_lanes(), every_mark_lanes()
+    assert first is not again
+    for mode in ("time", "seq"):
+        assert build_scene(first, mode) == build_scene(again, mode)
+        assert hash(build_scene(first, mode)) == hash(build_scene(again, mode))
+    assert build_scene(first, "time") != build_scene(first, "seq")
+
+
+def test_the_scene_marks_only_the_decisions_a_colour_cannot_show() -> None:
+    scene = build_scene(every_mark_lanes())
+    # The condemnation and the refusal sit on their subjects' lanes; the exhaustion, which
+    # belongs to no shard, in the refits row. Partial weights are a colour (STALE): no mark.
+    assert [(m.glyph, m.shard) for m in scene.decisions] == [
+        ("condemned", 2),
+        ("refused", 0),
+        ("refused", 1),
+        ("exhausted", None),
+    ]
+    assert [(m.glyph, m.colour, m.shard) for m in scene.stalls] == [
+        ("stall", "#e67700", None),
+        ("stall", "#d63031", None),
+    ]
+    assert [(r.outcome, r.label) for r in scene.refits] == [
+        ("completed", "v1"),
+        ("aborted", "v2 ✕"),
+        ("aborted", "v3 ✕"),
+        ("open", "v4"),
+    ]
+    assert scene.refits[-1].x1 == scene.axis.hi  # an open refit runs to the edge
+    assert "gloo: Connection reset by peer" in scene.refits[2].tip
+
+
+def test_too_many_refits_keep_their_bars_and_lose_their_labels() -> None:
+    fleet = Fleet(shard_count=2)
+    for version in range(1, MAX_LABELLED_REFITS + 2):
+        fleet.refit_started(version)
+        fleet.refit_completed(version)
+    refits = build_scene(lanes_of(fleet.records)).refits
+    assert len(refits) == MAX_LABELLED_REFITS + 1
+    assert {r.label for r in refits} == {None}
+
+
+def test_the_legend_explains_every_glyph_the_painters_draw() -> None:
+    scene = build_scene(every_mark_lanes())
+    assert {item.glyph for item in scene.legend} == set(get_args(Glyph))
+    drawn = {m.glyph for m in (*scene.decisions, *scene.stalls)}
+    drawn |= {r.glyph for r in scene.refits} | {"band", "epoch", "end"}
+    assert drawn == set(get_args(Glyph))
+    labels = [item.label for item in scene.legend]
+    assert len(labels) == len(set(labels)), labels
+
+
+def html_legend_text(scene: Scene) -> tuple[list[str], str]:
+    """The glyph of every legend entry of the page, and the legend's text as read."""
+    document = html_painter.page(scene)
+    legend = document.split('<div class="legend">', 1)[1].split("</div>", 1)[0]
+    page = _Page()
+    page.feed(legend)
+    glyphs = [a["data-glyph"] for a in page.with_class("span", "legend-item")]
+    return glyphs, "".join(page.text)
+
+
+def test_the_html_draws_exactly_the_scenes_legend() -> None:
+    scene = build_scene(every_mark_lanes())
+    glyphs, text = html_legend_text(scene)
+    assert glyphs == [item.glyph for item in scene.legend]
+    assert text == "".join(item.text for item in scene.legend)
+    for item in scene.legend:
+        assert item.label in text
+
+
+@needs_matplotlib
+def test_the_png_draws_exactly_the_scenes_legend_the_html_does() -> None:
+    from matplotlib.colors import to_hex
+    from matplotlib.lines import Line2D
+
+    from fleetledger.cli.timeline import png
+
+    def colour_of(handle: object) -> str:
+        if isinstance(handle, Line2D):
+            marked = handle.get_marker() not in (None, "None", "")
+            return to_hex(handle.get_markerfacecolor() if marked else handle.get_color())
+        return to_hex(handle.get_facecolor())  # type: ignore[attr-defined]
+
+    scene = build_scene(every_mark_lanes())
+    (legend,) = png.figure(scene).legends
+    drawn = [t.get_text() for t in legend.get_texts()]
+    assert drawn == [item.text for item in scene.legend]
+    handles = png.legend_handles(scene)
+    assert [colour_of(h) for h in handles] == [item.colour for item in scene.legend]
+    # The same list as the HTML's, item for item.
+    glyphs, text = html_legend_text(scene)
+    assert "".join(drawn) == text and len(glyphs) == len(drawn)
+
+
+def test_the_end_colour_in_the_legend_is_the_end_line_colour() -> None:
+    stopped = build_scene(every_mark_lanes())
+    assert stopped.end_colour == NOT_ENDED_COLOUR
+    assert stopped.end_text.startswith("STOPPED · ")
+    fleet = Fleet(shard_count=2)
+    fleet.run_ended("completed", "max steps")
+    ended = build_scene(lanes_of(fleet.records))
+    assert ended.end_text == "END · run completed at seq 2: max steps"
+    for scene in (stopped, ended):
+        (end,) = [item for item in scene.legend if item.glyph == "end"]
+        assert end.colour == scene.end_colour
+
+
+def test_the_html_escapes_data_it_is_handed() -> None:
+    fleet = Fleet(shard_count=2)
+    fleet.refit_started(1)
+    fleet.refit_aborted(1, '<script>alert("x")</script> & [rank0]')
+    document = html_painter.page(build_scene(lanes_of(fleet.records)))
+    assert "<script>" not in document
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; [rank0]" in document
+
+
+def test_the_scene_and_the_html_painter_import_no_matplotlib() -> None:
+    """The scene is pure and HTML needs nothing: neither may pull matplotlib in."""
+    code = (
+        "import sys\n"
+        "import fleetledger.cli.timeline.scene, fleetledger.cli.timeline.html\n"
+        "import fleetledger.cli.timeline_commands\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert found.strip() == "[]"

@@ -25,11 +25,11 @@ from typing import IO, Any
 
 import pytest
 
-from fleetledger.controller.follow import Follower
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
 from fleetledger.projections.history import replay
+from fleetledger.queries import Follower
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 RUN = "live-run"
@@ -162,7 +162,7 @@ def test_watch_json_prints_each_entry_as_appended_and_exits_at_the_end(
         status, out, err = watcher.finish()
         assert status == 0, err
         docs = [json.loads(line) for line in out]
-        expected = [e.as_dict() for e in replay(log.read(RUN)) if e.seq > start]
+        expected = [e.as_json() for e in replay(log.read(RUN)) if e.seq > start]
     assert docs == json.loads(json.dumps(expected))
     transitions = [(d["shard"], d["before"], d["after"]) for d in docs if d["kind"] == "transition"]
     assert transitions == EXPECTED_TRANSITIONS

@@ -8,21 +8,17 @@ line naming what was wrong and where, and exit with status 2 — never a traceba
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
-from fleetledger.controller.logs import configure_logging
+from fleetledger.errors import FleetledgerError
 from fleetledger.events.database import DB_URL_ENV
-from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
-from fleetledger.projections.fleet_view import ProjectionError
-from fleetledger.projections.rank_layout import RankLayoutError
+from fleetledger.logs import configure_logging
 
 app = typer.Typer(
     name="fleetledger",
@@ -43,7 +39,6 @@ DbOption = Annotated[
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 F = TypeVar("F", bound=Callable[..., Any])
-out = Console(highlight=False, soft_wrap=True)
 
 
 def _configure_logging() -> None:
@@ -67,13 +62,13 @@ def _fail(message: str) -> typer.Exit:
 
 
 def cli_errors(fn: F) -> F:
-    """Turn our own errors into one line on stderr and exit status 2."""
+    """Turn every error raised on purpose into one line on stderr and exit status 2."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (LedgerError, ProjectionError, RankLayoutError) as exc:
+        except FleetledgerError as exc:
             raise _fail(str(exc)) from None
         except OSError as exc:
             raise _fail(f"{exc.filename or ''}: {exc.strerror or exc}") from None
@@ -94,10 +89,6 @@ def open_log(db: str | None) -> Iterator[EventLog]:
         yield log
     finally:
         log.close()
-
-
-def print_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, sort_keys=False))
 
 
 @app.callback()

@@ -1,71 +1,17 @@
-"""Command: ``fleetledger explain RUN [SHARD] [--at SEQ|TIME]`` (issue 3, forensics).
+"""Command: ``fleetledger explain RUN [SHARD] [--at SEQ|TIME]``.
 
-The words come from ``projections.explain`` (pure); this module does the I/O it needs:
-the view at ``--at`` (nearest snapshot + tail, the same answer ``membership --at``
-gives), the history of the same events in one read (counting probes on the way, for a
-reported streak's span), and the few events the explanation cites, read by seq.
+The words are ``projections.explain``'s and the reads ``queries``'; this prints them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Annotated
 
 import typer
 
-from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log, out, print_json
-from fleetledger.cli.replay_commands import seq_for
-from fleetledger.controller.ledger import load_view
-from fleetledger.events.log import EventLog
-from fleetledger.events.models import RecordedEvent
-from fleetledger.projections.explain import (
-    ProbeTallies,
-    RunExplanation,
-    ShardExplanation,
-    check_shard,
-    evidence_needed,
-    explain_run,
-    explain_shard,
-)
-from fleetledger.projections.history import replay
-
-
-def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
-    """Sorted seqs as inclusive ranges, so neighbouring evidence is one read."""
-    ranges: list[tuple[int, int]] = []
-    for seq in sorted(set(seqs)):
-        if ranges and seq == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], seq)
-        else:
-            ranges.append((seq, seq))
-    return ranges
-
-
-def read_evidence(log: EventLog, run: str, seqs: Iterable[int]) -> dict[int, RecordedEvent]:
-    """The events at ``seqs`` of ``run``, by seq."""
-    found: dict[int, RecordedEvent] = {}
-    for first, last in _contiguous(seqs):
-        for recorded in log.read(run, first - 1, last):
-            found[recorded.seq] = recorded
-    return found
-
-
-def explain_from_log(
-    log: EventLog, run: str, shard: int | None = None, at: int | None = None
-) -> ShardExplanation | RunExplanation:
-    """Fold, replay and read the evidence for one explanation of ``run`` as of ``at``."""
-    view = load_view(log, run, at)
-    if shard is not None:
-        check_shard(view, shard)  # before the replay: a typo should not cost a full fold
-    # One pass: the history, and the probe counts a reported streak's explanation cites.
-    tallies = ProbeTallies()
-    entries = list(replay(tallies.watch(log.read(run, 0, view.seq))))
-    wanted = evidence_needed(view, entries, shard)
-    evidence = read_evidence(log, run, wanted.seqs)
-    if shard is None:
-        return explain_run(view, entries, evidence)
-    tally = None if wanted.span is None else tallies.span(shard, *wanted.span)
-    return explain_shard(view, entries, shard, evidence, tally)
+from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
+from fleetledger.cli.output import out, print_json
+from fleetledger.queries import RunReader
 
 
 @app.command()
@@ -85,10 +31,10 @@ def explain(
 ) -> None:
     """Why a shard is in its state, or why the run ended / where its progress stopped."""
     with open_log(db) as log:
-        seq = None if at is None else seq_for(log, run, at, "--at")
-        explanation = explain_from_log(log, run, shard, seq)
+        reader = RunReader(log, run)
+        explanation = reader.explain(shard, reader.seq_of(at, "--at"))
     if as_json:
-        print_json(explanation.as_dict())
+        print_json(explanation.as_json())
     else:
         # Error texts and reasons are free text ("[rank0] …"): never read them as markup.
         out.print(explanation.text, markup=False)

@@ -10,24 +10,15 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from fleetledger.cli.app import (
-    DbOption,
-    JsonOption,
-    _fail,
-    app,
-    cli_errors,
-    open_log,
-    out,
-    print_json,
-)
-from fleetledger.cli.replay_commands import seq_for
-from fleetledger.controller.demo import new_demo_run_id, run_demo
-from fleetledger.controller.ledger import load_view
+from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
+from fleetledger.cli.output import out, print_json, write_json_lines
 from fleetledger.events.bundle import read_import, write_bundle
 from fleetledger.events.database import migrate as migrate_database
-from fleetledger.events.jsonl import export_lines, format_at
+from fleetledger.events.jsonl import export_lines
+from fleetledger.events.models import iso_at
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.membership import membership_document
+from fleetledger.queries import RunReader, load_view
 
 # ── runs ───────────────────────────────────────────────────────────────────────
 
@@ -44,8 +35,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
                 {
                     "run": s.run_id,
                     "events": s.head_seq,
-                    "started": format_at(s.started_at_us),
-                    "last_event": format_at(s.last_at_us),
+                    "started": iso_at(s.started_at_us),
+                    "last_event": iso_at(s.last_at_us),
                     "ended": s.ended,
                 }
                 for s in summaries
@@ -62,8 +53,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
         table.add_row(
             s.run_id,
             str(s.head_seq),
-            format_at(s.started_at_us),
-            format_at(s.last_at_us),
+            iso_at(s.started_at_us),
+            iso_at(s.last_at_us),
             "yes" if s.ended else "no",
         )
     out.print(table)
@@ -122,9 +113,9 @@ def membership(
     """Who is in the fleet: states, serving/absent sets, epoch and the rank layout."""
     with open_log(db) as log:
         # A time becomes the last seq stamped at or before it; then the nearest
-        # snapshot at or before that seq, folded forward (load_view).
-        seq = None if at is None else seq_for(log, run, at, "--at")
-        view = load_view(log, run, seq)
+        # snapshot at or before that seq, folded forward.
+        reader = RunReader(log, run)
+        view = reader.view(reader.seq_of(at, "--at"))
     if as_json:
         print_json(membership_document(view))
     else:
@@ -159,10 +150,14 @@ def export(
     with open_log(db) as log:
         if bundle is not None:
             # Events, summary and membership all as of one head, even if the run is live.
-            head = log.head(run)
-            view = load_view(log, run, head)
+            reader = RunReader(log, run)
+            view = reader.view()
             write_bundle(
-                bundle, run, log.read_stored(run, 0, head), view.config, membership_document(view)
+                bundle,
+                run,
+                log.read_stored(run, 0, reader.head.seq),
+                view.config,
+                membership_document(view),
             )
             return
         lines = export_lines(run, log.read_stored(run))
@@ -234,13 +229,16 @@ def import_(
 @cli_errors
 def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Write a scripted run into the ledger and print the membership after each step."""
+    # The one writing command here: the read commands beside it never load the controller.
+    from fleetledger.controller.demo import new_demo_run_id, run_demo
+
     run = new_demo_run_id()
     with open_log(db) as log:
         for number, (ledger, step) in enumerate(run_demo(log, run), start=1):
             doc = membership_document(ledger.view)
             if as_json:
-                typer.echo(
-                    json.dumps(
+                write_json_lines(
+                    [
                         {
                             "step": number,
                             "title": step.title,
@@ -256,7 +254,7 @@ def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
                             ],
                             "membership": doc,
                         }
-                    )
+                    ]
                 )
                 continue
             states = " ".join(f"{i}:{s['state']}" for i, s in doc["shards"].items())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from typing import Annotated
 
@@ -12,8 +11,9 @@ from pydantic import ValidationError
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.ledger_commands import membership
-from fleetledger.cli.replay_commands import CommandLineError, replay
-from fleetledger.controller.logs import configure_logging
+from fleetledger.cli.output import CommandLineError, write_json_lines
+from fleetledger.cli.replay_commands import replay
+from fleetledger.logs import configure_logging
 
 
 @app.command()
@@ -78,13 +78,13 @@ def simulate(
     watches; then the run's membership and replay are printed.
     """
     try:
-        from fleetledger.cli.simulation import (
+        from fleetledger.controller.ray_fleet import ShardSpawnError
+        from fleetledger.simulate import (
             SimulationSpec,
             parse_chaos,
             run_simulation,
             simulation_config,
         )
-        from fleetledger.controller.ray_fleet import ShardSpawnError
     except ImportError as exc:
         raise CommandLineError(
             f"simulate needs Ray and torch ({exc.name} is not installed): "
@@ -144,8 +144,8 @@ def simulate(
         except OSError as exc:  # e.g. the metrics port is taken
             raise CommandLineError(f"simulate: {exc}") from None
     if as_json:
-        typer.echo(
-            json.dumps(
+        write_json_lines(
+            [
                 {
                     "run": result.run,
                     "outcome": result.outcome,
@@ -153,7 +153,7 @@ def simulate(
                     "steps_done": result.steps_done,
                     "rollouts": result.counters,
                 }
-            )
+            ]
         )
         return
     typer.echo("")

@@ -1,10 +1,10 @@
-"""Commands: timeline (issue 3, forensics) — a picture of a run, for the morning after.
+"""Commands: timeline (forensics) — a picture of a run, for the morning after.
 
 ``fleetledger timeline RUN -o FILE.png|FILE.html`` draws one lane per shard coloured by
 state over time, the refits (aborted ones marked), the epoch changes, the decisions a
 colour cannot show, and how the run ended. The data is the run's history, as
-``replay`` prints it (:mod:`fleetledger.projections.lanes`); the drawing is
-:mod:`fleetledger.cli.timeline_render`.
+``replay`` prints it (:mod:`fleetledger.projections.lanes`); what is drawn is one scene
+and the files are its painters (:mod:`fleetledger.cli.timeline`).
 
 The format comes from the file name, and is checked before the ledger is opened: a
 typo in ``-o`` should not cost a fold of a million events first. The file is written
@@ -18,28 +18,14 @@ from typing import Annotated, Literal
 
 import typer
 
-from fleetledger.cli.app import (
-    DbOption,
-    JsonOption,
-    _fail,
-    app,
-    cli_errors,
-    open_log,
-    out,
-    print_json,
-)
-from fleetledger.cli.timeline_render import (
-    AxisMode,
-    PlotUnavailable,
-    plural,
-    render_html,
-    render_png,
-    require_matplotlib,
-)
+from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
+from fleetledger.cli.output import out, print_json
+from fleetledger.cli.timeline import PAINTERS, AxisMode, PlotUnavailable, build_scene, plural
 from fleetledger.projections.lanes import lanes_of
 
 PictureFormat = Literal["png", "html"]
 FORMATS: dict[str, PictureFormat] = {".png": "png", ".html": "html", ".htm": "html"}
+AXIS_MODES: dict[str, AxisMode] = {"time": "time", "seq": "seq"}
 
 
 def picture_format(output: Path) -> PictureFormat:
@@ -79,24 +65,21 @@ def timeline(
 ) -> None:
     """Draw a run: one lane per shard coloured by state, refits, epochs and the end."""
     kind = picture_format(output)
-    if axis not in ("time", "seq"):
+    mode = AXIS_MODES.get(axis)
+    if mode is None:
         raise _fail(f"--axis {axis!r}: choose 'time' or 'seq'")
-    mode: AxisMode = "seq" if axis == "seq" else "time"
     if not output.parent.is_dir():
         raise _fail(f"cannot write {output}: there is no directory {output.parent}")
-    if kind == "png":
-        try:
-            require_matplotlib()
-        except PlotUnavailable as exc:
-            raise _fail(str(exc)) from None
+    painter = PAINTERS[kind]
+    try:
+        painter.require()
+    except PlotUnavailable as exc:
+        raise _fail(str(exc)) from None
     with open_log(db) as log:
         lanes = lanes_of(log.read(run))
     partial = output.with_name(output.name + ".partial")
     try:
-        if kind == "png":
-            render_png(lanes, partial, mode)
-        else:
-            render_html(lanes, partial, mode)
+        painter.write(build_scene(lanes, mode), partial)
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

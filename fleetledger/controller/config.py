@@ -39,6 +39,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from fleetledger.errors import FleetledgerError
 from fleetledger.events.models import FleetConfig
 
 Seconds = Annotated[float, Field(gt=0, description="A duration in seconds, > 0.")]
@@ -58,13 +59,13 @@ RENAMED_KEYS: dict[str, str] = {
     "policy_router": "router",
 }
 
-# Statuses NeMo-Gym's client retries (nemo_gym/openai_utils.py); for the rate-limit subset
+# Statuses the rollout client retries (docs/reference.md §7); for the rate-limit subset
 # it even raises its own retry ceiling per attempt. The router's "no healthy backend"
 # answer must be none of them, or a fleet with no serving shard wedges its clients forever.
 CLIENT_RETRIED_STATUSES: frozenset[int] = frozenset({429, 500, 502, 503, 504, 520})
 
 
-class ConfigError(ValueError):
+class ConfigError(FleetledgerError, ValueError):
     """A configuration file could not be read or does not validate; names the file."""
 
 

@@ -1,4 +1,4 @@
-"""Deadlines for the three waits of a rollout (REFERENCE §5), each optional.
+"""Deadlines for the three waits of a rollout (docs/reference.md §5), each optional.
 
 Story: nothing on the rollout path had a deadline, and the gym client disabled every
 timeout, so a dead engine parked a rollout forever while it held a buffer slot and an

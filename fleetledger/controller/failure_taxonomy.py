@@ -1,4 +1,4 @@
-"""Failure taxonomy (REFERENCE §5): is a failed rollout the fleet's fault or the prompt's?
+"""Failure taxonomy (docs/reference.md §5): is a failed rollout the fleet's fault or the prompt's?
 
 Infrastructure failures (the prompt is fine, the fleet is not) are worth re-dispatching
 to another shard; data failures are deterministic and prompt-specific, so another shard
@@ -35,6 +35,8 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+
+from fleetledger.errors import FleetledgerError
 
 __all__ = [
     "MAX_CAUSE_LINKS",
@@ -86,7 +88,7 @@ _DATA = FailureKind.DATA
 # --- our own failure vocabulary -------------------------------------------------------
 
 
-class RolloutFailure(Exception):
+class RolloutFailure(FleetledgerError):
     """A rollout attempt failed; carries the coordinates a raw traceback lacks.
 
     Story: a bare generation traceback did not say which prompt or trajectory it
@@ -149,7 +151,7 @@ class RolloutDataFailure(RolloutFailure):
     default_reason = "data_failure"
 
 
-class DeadlineExpired(TimeoutError):
+class DeadlineExpired(FleetledgerError, TimeoutError):
     """Infrastructure: one of *our* deadlines expired (see ``deadlines.Deadline``).
 
     Carries the deadline's name and seconds so whoever debugs it is sent to the right

@@ -1,7 +1,8 @@
 """The live controller of one run: probe pump, stall watchdog, restarts, metrics.
 
-Everything it decides goes through the :class:`Ledger` before it acts (DESIGN rule 1):
-a restart is ``restart_requested`` before the actor is replaced, a replacement is
+Everything it decides goes through the :class:`Ledger` before it acts, because a
+decision that is not in the log cannot be explained by a replay: a restart is
+``restart_requested`` before the actor is replaced, a replacement is
 ``replacement_loaded`` (STALE — it holds start-up weights) only once it answers, an
 abandoned run is ``run_ended`` with its cause. Its threads are daemons and every loop
 survives a ledger error (logged), because a pump that dies silently leaves exactly the
@@ -29,6 +30,7 @@ from fleetledger.controller.metrics import FleetMetrics, ProgressSample
 from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRound
 from fleetledger.controller.stall_watchdog import StallWatchdog, TickDecision
 from fleetledger.events.errors import LedgerError
+from fleetledger.projections.decisions import RestartVerdict, decide_exhaustion, decide_restart
 from fleetledger.projections.shard_states import ShardState
 
 __all__ = ["FleetController", "RestartableFleet", "TrainingProgress"]
@@ -127,9 +129,9 @@ class FleetController:
             view = self.ledger.view
             if view.ended is not None:
                 return view.ended.cause
-            exhaustion = view.exhaustion()
-            if exhaustion is not None and not self.watchdog.is_recovering:
-                cause = exhaustion.describe()
+            exhaustion = decide_exhaustion(view)
+            if exhaustion.exhausted and not self.watchdog.is_recovering:
+                cause = exhaustion.reason
                 self.ledger.declare_exhausted()
             self.ledger.end_run("failed", cause)
         self._halt(cause)
@@ -237,24 +239,27 @@ class FleetController:
     def restart(self, shard: int) -> str:
         """Restart one DEAD shard, recording each step; returns the state it ends in.
 
-        ``restart_requested`` first (past the budget the fold retires the shard and no
-        actor is touched); then the replacement; ``replacement_loaded`` puts it in STALE
-        — it serves again only once a refit that includes it completes.
+        The restart decision says what to do, and it is recorded as it says:
+        ``restart_requested`` first (past the budget the fold retires the shard, as the
+        decision said, and no actor is touched); then the replacement;
+        ``replacement_loaded`` puts it in STALE — it serves again only once a refit that
+        includes it completes. An interrupted restart is recorded as failed, then
+        decided again.
         """
         with self.ledger.lock:
             self.ledger.catch_up()
-            if self.ledger.view.ended is not None:
-                return self.ledger.membership.states[shard]
-            if self.ledger.view.state_of(shard) is ShardState.RESTARTING:
-                self.ledger.restart_failed(
-                    shard, "the restart in progress was interrupted (no controller drove it)"
-                )
-            if self.ledger.view.state_of(shard) is not ShardState.DEAD:
+            decision = decide_restart(self.ledger.view, shard)
+            if decision.verdict is RestartVerdict.REDRIVE:
+                self.ledger.restart_failed(shard, decision.reason)
+                decision = decide_restart(self.ledger.view, shard)
+            if decision.verdict is RestartVerdict.NOTHING:
                 return self.ledger.view.state_of(shard).value
             self.ledger.restart_requested(shard)
-            if self.ledger.view.state_of(shard) is ShardState.RETIRED:
-                _log.warning("shard retired", run=self.ledger.run, shard=shard)
-                return ShardState.RETIRED.value
+            if decision.verdict is RestartVerdict.RETIRE:
+                _log.warning(
+                    "shard retired", run=self.ledger.run, shard=shard, reason=decision.reason
+                )
+                return self.ledger.view.state_of(shard).value
         try:
             self.fleet.restart(shard, ready_timeout_s=self._restart_ready_timeout_s)
         except Exception as exc:  # any failure to bring it up is recorded, then retried

@@ -43,9 +43,11 @@ from fleetledger.events.models import (
     StallDetected,
     WeightsMarkedPartial,
 )
-from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
+from fleetledger.projections.decisions import decide_exhaustion
+from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState, Transition
-from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
+from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
+from fleetledger.queries.views import load_view
 
 DEFAULT_SNAPSHOT_EVERY = 10_000
 
@@ -109,27 +111,6 @@ class Membership:
         for state in self.states:
             counts[state] += 1
         return counts
-
-
-def load_view(log: EventLog, run: str, at_seq: int | None = None) -> FleetView:
-    """The view of ``run`` at ``at_seq`` (default: the head): nearest snapshot + the tail."""
-    head = log.head(run)
-    if at_seq is not None and not 1 <= at_seq <= head:
-        raise ProjectionError(f"run {run!r} has seqs 1..{head}; --at {at_seq} is outside it")
-    target = head if at_seq is None else at_seq
-    view: FleetView | None = None
-    stored = log.load_snapshot(run, PROJECTION_VERSION, at_most_seq=target)
-    if stored is not None:
-        try:
-            view = from_snapshot(stored[1])
-            if (view.run, view.seq) != (run, stored[0]):
-                raise ProjectionError(
-                    f"its payload is of run {view.run!r} seq {view.seq}, stored as seq {stored[0]}"
-                )
-        except ProjectionError as exc:
-            view = None
-            _log.warning("snapshot ignored", run=run, seq=stored[0], problem=str(exc))
-    return fold(log.read(run, view.seq if view else 0, target), into=view)
 
 
 class Ledger:
@@ -343,19 +324,18 @@ class Ledger:
         )
 
     def declare_exhausted(self) -> list[Transition]:
-        """Record that the fleet fell below ``min_healthy_shards``, with counts per state."""
-        exhaustion = self._view.exhaustion()
-        if exhaustion is None:
-            raise ValueError(
-                f"run {self.run!r}: {len(self._view.serving)} shards serve, not below "
-                f"min_healthy_shards={self._view.config.min_healthy_shards}; not exhausted"
-            )
+        """Record the exhaustion decision's facts (serving, floor, counts per state); a
+        fleet the decision does not find exhausted is refused, so no log says otherwise."""
+        decision = decide_exhaustion(self._view)
+        if not decision.exhausted:
+            raise ValueError(f"run {self.run!r}: {decision.reason}; not exhausted")
+        facts = decision.exhaustion
         return self.record(
             [
                 FleetExhausted(
-                    serving=exhaustion.serving,
-                    min_healthy_shards=exhaustion.min_healthy_shards,
-                    counts=exhaustion.counts,
+                    serving=facts.serving,
+                    min_healthy_shards=facts.min_healthy_shards,
+                    counts=facts.counts,
                 )
             ]
         )

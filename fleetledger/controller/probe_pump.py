@@ -5,7 +5,7 @@ A round probes every serving shard concurrently and is bounded as a whole by
 frozen engine — which Ray never reports — costs one timeout, not one timeout per shard,
 whatever the fleet size. The whole round is appended as one batch, in shard order.
 
-Only serving shards are probed (REFERENCE §6): a DEAD, RESTARTING or STALE shard ignores
+Only serving shards are probed (docs/reference.md §6): a DEAD, RESTARTING or STALE shard ignores
 probe successes anyway, and a RETIRED one never moves again.
 """
 

@@ -4,7 +4,7 @@ Imports Ray at module import; nothing else in ``fleetledger`` imports this modul
 the caller asked for a live fleet, so the ledger, the projections and the forensics CLI
 work without Ray installed.
 
-What Ray tells us, measured on these machines (MACHINE-NOTES): a SIGKILLed actor makes
+What Ray tells us, measured on these machines (docs/reference.md M2): a SIGKILLed actor makes
 the next call, and any call in flight, raise ``ActorDiedError`` within milliseconds —
 conclusive. A SIGSTOPped actor produces nothing, ever: only our own deadline sees it,
 which is why a probe round is bounded by ``ray.wait(timeout=)`` and a timeout is only a
@@ -26,8 +26,9 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
-from fleetledger.controller.generation_shard import Generation, GenerationRequest, SimulatedShard
+from fleetledger.controller.generation_shard import Generation, GenerationRequest
 from fleetledger.controller.ledger import ProbeResult
+from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import first_line
 
 __all__ = [
@@ -36,14 +37,13 @@ __all__ = [
     "actor_death_of",
     "local_ray",
     "probe_result_of",
-    "simulated_shard_factory",
 ]
 
 ShardFactory = Callable[[int], ActorHandle]
 """Creates (and names) the actor for one shard index; used at start and for restarts."""
 
 
-class ShardSpawnError(RuntimeError):
+class ShardSpawnError(FleetledgerError, RuntimeError):
     """A shard actor could not be created or did not answer its first probe in time."""
 
 
@@ -65,30 +65,6 @@ def probe_result_of(exc: BaseException) -> ProbeResult:
 
 def shard_actor_name(prefix: str, shard: int) -> str:
     return f"{prefix}-shard-{shard}"
-
-
-def simulated_shard_factory(
-    prefix: str,
-    *,
-    generation_s: float = 0.01,
-    namespace: str | None = None,
-    shard_class: type[SimulatedShard] = SimulatedShard,
-) -> ShardFactory:
-    """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
-
-    ``shard_class`` may add methods (e.g. a weight-sync transport's member methods).
-    """
-    actor_class = ray.remote(shard_class)
-
-    def create(shard: int) -> ActorHandle:
-        return actor_class.options(
-            name=shard_actor_name(prefix, shard),
-            namespace=namespace,
-            num_cpus=0,
-            max_restarts=0,  # restarts are decisions: the controller records and makes them
-        ).remote(shard, generation_s=generation_s)
-
-    return create
 
 
 class RayShardFleet:

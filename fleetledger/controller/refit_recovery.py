@@ -1,8 +1,9 @@
-"""A refit, and the recovery of one that failed (REFERENCE §4), every step an event.
+"""A refit, and the recovery of one that failed, every step an event.
 
 The failure this exists to remove: a refit collective that includes a dead or frozen
 rank blocks forever while every process looks healthy. So the refit is bounded, and
-when it fails the controller finds out who is gone before it rebuilds:
+when it fails the controller finds out who is gone before it rebuilds — probe now, mark
+partial, condemn a lone suspect, rebuild, retry once:
 
 1. reconcile the communicator with the ledger's absent set (not forced);
 2. ``refit_started``; push within ``refit_timeout_s + grace_s`` on a daemon thread (a
@@ -13,50 +14,49 @@ when it fails the controller finds out who is gone before it rebuilds:
    - ``refit_aborted``; probe every participant now and record the round (a conclusive
      death is recorded; a party the transport saw die is recorded as a death too);
    - ``weights_marked_partial``: every serving shard holds a half-written version;
-   - abort the old communicator; if nothing is absent, exactly one suspected shard is
-     condemned as the silent participant (none or several: the refusal is recorded
-     naming them and the run ends); reconcile with force (after an abort the absent set
-     can be unchanged while the communicator is gone);
+   - abort the old communicator; if nothing is absent, the condemnation decision
+     (``projections.decisions``) is recorded as it returns: the lone suspect condemned
+     as the silent participant, or the refusal naming what was found and the end of the
+     run; reconcile with force (after an abort the absent set can be unchanged while the
+     communicator is gone);
    - retry once; ``refit_completed`` re-admits every STALE participant at the trainer's
      version. A second failure ends the run.
 
-The transport is anything with ``reconcile(absent, force=)``, ``push(version)`` and
-``abort()``; its failure may carry ``dead`` / ``silent`` (party → text, parties named
-``"shard N"``) and ``context_lost``. (The controller does not import the transports: the
-composition root hands one in.)
+The transport is a :class:`~fleetledger.weight_sync.WeightSynchronizer`; its failure is
+a :class:`~fleetledger.weight_sync.RefitFailed` with typed parties (dead, silent,
+failed) and ``context_lost``. The controller does not import the transports: the
+composition root hands one in.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn
 
 import structlog
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import Prober
+from fleetledger.errors import FleetledgerError
+from fleetledger.projections.decisions import CondemnationVerdict, decide_condemnation
+from fleetledger.weight_sync import Party, PushReport, RefitFailed, WeightSynchronizer
 
-__all__ = ["RefitCoordinator", "RefitOutcome", "RunFailed", "WeightSync"]
+__all__ = ["RefitCoordinator", "RefitOutcome", "RefitTimedOut", "RunFailed"]
 
 _log = structlog.get_logger("fleetledger.refit")
 
-
-class WeightSync(Protocol):
-    def reconcile(self, absent: Iterable[int], *, force: bool = False) -> Any: ...
-
-    def push(self, version: int) -> Any: ...
-
-    def abort(self) -> None: ...
+# How far down a cause chain to look: past the RPC layers, never round a cycle for ever.
+_CHAIN_LINKS = 8
 
 
-class RunFailed(RuntimeError):
+class RunFailed(FleetledgerError, RuntimeError):
     """The refit could not be recovered; the run was ended with this cause."""
 
 
-class RefitTimedOut(RuntimeError):
+class RefitTimedOut(FleetledgerError, RuntimeError):
     """The push did not come back within refit_timeout_s + 2 × grace_s."""
 
 
@@ -66,50 +66,39 @@ class RefitOutcome:
     participants: tuple[int, ...]
     recovered: bool = False
     condemned: int | None = None
-    push: Any = None
+    push: PushReport | None = None
+
+
+def _causes(failure: BaseException) -> Iterator[BaseException]:
+    """The failure and what caused it: the RPC layers keep the cause, not the type."""
+    link: BaseException | None = failure
+    for _ in range(_CHAIN_LINKS):
+        if link is None:
+            return
+        yield link
+        # A Ray task error carries the remote exception as ``.cause``; this module must
+        # import without Ray, so that one attribute is read by name.
+        remote = getattr(link, "cause", None)
+        link = remote if isinstance(remote, BaseException) else link.__cause__
 
 
 def _context_lost(failure: BaseException) -> bool:
-    """``context_lost`` set anywhere along the cause chain (``__cause__`` or a Ray task
-    error's ``.cause``), at most 8 links: the RPC layers keep the cause, not the type."""
-    link: BaseException | None = failure
-    for _ in range(8):
-        if link is None:
-            return False
-        if getattr(link, "context_lost", False):
-            return True
-        link = getattr(link, "cause", None) or link.__cause__
-    return False
+    return any(isinstance(link, RefitFailed) and link.context_lost for link in _causes(failure))
 
 
-def _dead_trainers(failure: BaseException) -> list[int]:
-    """Trainer ranks the runtime says are gone. (A trainer that merely *raised* is what
-    every rank of a collective does when any peer fails; that names nobody.)"""
-    parties = getattr(failure, "dead", None) or {}
-    out = []
-    for party in parties:
-        kind, _, index = party.partition(" ")
-        if kind == "trainer" and index.isdigit():
-            out.append(int(index))
-    return sorted(out)
-
-
-def _shards_named(parties: Mapping[str, str] | None) -> set[int]:
-    out: set[int] = set()
-    for party in parties or {}:
-        kind, _, index = party.partition(" ")
-        if kind == "shard" and index.isdigit():
-            out.add(int(index))
-    return out
+def _refit_failed(failure: BaseException) -> RefitFailed:
+    """The transport's account of the failure; an empty one when it gave none (a
+    timeout, a failed reconcile): it names nobody, and the probes decide alone."""
+    return failure if isinstance(failure, RefitFailed) else RefitFailed("refit")
 
 
 class RefitCoordinator:
-    """Runs refits for one run against one transport, recovering as REFERENCE §4 says."""
+    """Runs refits for one run against one transport; recovers a failed one once."""
 
     def __init__(
         self,
         ledger: Ledger,
-        sync: WeightSync,
+        sync: WeightSynchronizer,
         prober: Prober,
         *,
         refit_timeout_s: float,
@@ -159,7 +148,7 @@ class RefitCoordinator:
     def _reconcile(self, absent: frozenset[int], *, force: bool) -> None:
         """Reconcile, then check the transport built the ledger's layout (when it says)."""
         self.sync.reconcile(absent, force=force)
-        built = getattr(self.sync, "built_layout", None)
+        built = self.sync.built_layout
         if built is not None:
             expected = self.ledger.view.layout_for(absent)
             if built != expected:
@@ -168,20 +157,21 @@ class RefitCoordinator:
                     f"absent {sorted(absent)} is {expected.as_dict()}"
                 )
 
-    def _push_within(self, version: int) -> Any:
+    def _push_within(self, version: int) -> PushReport:
         """``sync.push`` on a daemon thread, waited for at most timeout + 2 × grace.
 
         A transport bounds its own waits by timeout + grace; the second grace lets its
         error, which names who failed, arrive before our "it never came back".
         """
         bound = self.refit_timeout_s + 2 * self.grace_s
-        box: dict[str, Any] = {}
+        report: list[PushReport] = []
+        error: list[BaseException] = []
 
         def run() -> None:
             try:
-                box["report"] = self.sync.push(version)
+                report.append(self.sync.push(version))
             except BaseException as exc:
-                box["error"] = exc
+                error.append(exc)
 
         thread = threading.Thread(target=run, name=f"refit-v{version}", daemon=True)
         thread.start()
@@ -191,9 +181,9 @@ class RefitCoordinator:
                 f"refit v{version} did not come back within refit_timeout_s + 2 × grace_s "
                 f"= {bound:g}s"
             )
-        if "error" in box:
-            raise box["error"]
-        return box.get("report")
+        if error:
+            raise error[0]
+        return report[0]
 
     # ── recovery ────────────────────────────────────────────────────────────
 
@@ -227,11 +217,12 @@ class RefitCoordinator:
             self.ledger.refit_aborted(version, reason, context_lost=True)
             self._fail(f"refit v{version}: the trainer's device context is lost: {reason}")
         self.ledger.refit_aborted(version, reason)
-        trainers = _dead_trainers(failure)
-        if trainers:
+        failed = _refit_failed(failure)
+        if failed.dead_trainers:
             # A trainer rank is never excluded: no rebuild over the shards can help.
+            trainers = list(failed.dead_trainers)
             self._fail(f"refit v{version}: trainer rank(s) {trainers} died: {reason}")
-        self._find_the_dead(failure)
+        self._find_the_dead(failed)
         self.ledger.mark_weights_partial(version)
         self.sync.abort()
         # Deviation from the reference, which rebuilds once before condemning: with
@@ -241,7 +232,7 @@ class RefitCoordinator:
         # condemned shard.
         condemned = None
         if frozenset(self.ledger.view.absent) <= absent_before:
-            condemned = self._condemn_the_silent(version, reason, failure)
+            condemned = self._condemn_the_silent(version, reason, failed)
         absent, participants = self._snapshot()
         try:
             self._reconcile(absent, force=True)
@@ -258,54 +249,28 @@ class RefitCoordinator:
         self.ledger.refit_completed(version, participants)
         return RefitOutcome(version, participants, recovered=True, condemned=condemned, push=report)
 
-    def _find_the_dead(self, failure: BaseException) -> None:
+    def _find_the_dead(self, failed: RefitFailed) -> None:
         """Probe every participant now; record the round and the deaths the push saw."""
         _, participants = self._snapshot()
         results = dict(self.prober.probe(participants, self.probe_timeout_s))
         for shard in participants:
             results.setdefault(shard, ProbeResult("error", "the prober returned nothing"))
-        dead: Mapping[str, str] = getattr(failure, "dead", None) or {}
-        for shard in _shards_named(dead):
+        for shard in failed.dead_shards:
             if shard in results:
-                results[shard] = ProbeResult(
-                    "died", f"seen dying by the refit: {dead[f'shard {shard}']}"
-                )
+                text = failed.dead[Party.shard(shard)]
+                results[shard] = ProbeResult("died", f"seen dying by the refit: {text}")
         self.ledger.record_probes(results)
 
-    def _condemn_the_silent(self, version: int, reason: str, failure: BaseException) -> int:
-        suspected = self.ledger.view.suspected
-        named = _shards_named(getattr(failure, "silent", None)) | _shards_named(
-            getattr(failure, "errors", None)
+    def _condemn_the_silent(self, version: int, reason: str, failed: RefitFailed) -> int:
+        """Record the condemnation decision as it returns; a refusal ends the run."""
+        decision = decide_condemnation(
+            self.ledger.view, named=failed.named_shards, version=version, failure=reason
         )
-        if len(suspected) == 1 and named and suspected[0] not in named:
-            # The transport saw someone else hang: blaming the suspect would be wrong.
-            found = (
-                f"the only suspect, shard {suspected[0]}, is not among the shards the "
-                f"transport named ({sorted(named)})"
-            )
-            self.ledger.refuse_condemnation(suspected, f"refit v{version}: {found}")
-            self._fail(
-                f"refit v{version} aborted and no silent participant could be named: {found}"
-            )
-        if len(suspected) == 1:
-            (shard,) = suspected
-            self.ledger.condemn_silent_participant(
-                shard,
-                f"refit v{version} aborted with nothing absent and shard {shard} the only "
-                f"suspect: {reason}"[:4096],
-            )
-            return shard
-        found = (
-            "no shard is suspected" if not suspected else f"shards {list(suspected)} are suspected"
-        )
-        self.ledger.refuse_condemnation(
-            suspected,
-            f"refit v{version} aborted with nothing absent and {found}: condemning one would be "
-            f"a guess",
-        )
-        self._fail(
-            f"refit v{version} aborted and no silent participant could be named: {found} ({reason})"
-        )
+        if decision.verdict is CondemnationVerdict.CONDEMN and decision.shard is not None:
+            self.ledger.condemn_silent_participant(decision.shard, decision.reason)
+            return decision.shard
+        self.ledger.refuse_condemnation(decision.suspected, decision.reason)
+        self._fail(decision.end_cause)
 
     def _fail(self, cause: str) -> NoReturn:
         with self.ledger.lock:

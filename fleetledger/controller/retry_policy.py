@@ -1,4 +1,4 @@
-"""Retry policy for one rollout (REFERENCE §5), and a gather that cancels its siblings.
+"""Retry policy for one rollout (docs/reference.md §5), and a gather that cancels its siblings.
 
 ``run_rollout`` runs attempts of one prompt until one succeeds or a budget runs out:
 
@@ -33,6 +33,7 @@ from fleetledger.controller.failure_taxonomy import (
     FailureKind,
     classify_exception,
 )
+from fleetledger.errors import FleetledgerError
 
 __all__ = [
     "Attempt",
@@ -163,7 +164,7 @@ class Attempt(Generic[S]):
     number: int
 
 
-class PromptSkipped(Exception):
+class PromptSkipped(FleetledgerError):
     """The prompt's data budget ran out and the skip budget allowed dropping it.
 
     Raised, not returned, so no placeholder can reach the buffer. The caller must
@@ -181,7 +182,7 @@ class PromptSkipped(Exception):
         self.attempts = attempts
 
 
-class RolloutAbandoned(Exception):
+class RolloutAbandoned(FleetledgerError):
     """A budget is exhausted and the run must fail; the last failure is the ``__cause__``."""
 
     def __init__(

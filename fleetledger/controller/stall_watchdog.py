@@ -1,4 +1,4 @@
-"""The decision logic of one watchdog tick (REFERENCE §6), with the clock injected.
+"""One watchdog tick: a stall is no progress with work remaining; the clock is injected.
 
 Why it is shaped like this:
 
@@ -26,8 +26,9 @@ Why it is shaped like this:
   whose ``action`` is ``warn`` or ``abort`` (``watchdog.stall_action``); aborting means
   tearing down the pump, which is the caller's job (it records
   ``Ledger.end_run("aborted", decision.cause)`` when it does).
-- **Fleet exhaustion ends the run here**, with its cause: ``declare_exhausted`` and
-  then ``end_run("failed", describe())``. It is suspended inside :meth:`recovering`,
+- **Fleet exhaustion ends the run here**, with its cause: the exhaustion decision
+  (``projections.decisions``) is recorded as it returns — ``declare_exhausted``, then
+  ``end_run("failed", reason)``. It is suspended inside :meth:`recovering`,
   because a refit recovery (condemn, restart, re-admit) takes shards out of serving on
   purpose for a moment, and failing the run for that would defeat the recovery. It is
   also not checked once no work remains: a run that has finished its steps completes.
@@ -43,6 +44,7 @@ from typing import Literal
 
 from fleetledger.controller.config import WatchdogConfig
 from fleetledger.controller.ledger import Ledger
+from fleetledger.projections.decisions import decide_exhaustion
 
 Action = Literal["none", "warn", "abort", "exhausted", "ended"]
 
@@ -152,13 +154,15 @@ class StallWatchdog:
         idle_s = now - self._since
 
         if work_remains and not self.is_recovering:
-            exhaustion = self._ledger.view.exhaustion()
-            if exhaustion is not None:
-                cause = exhaustion.describe()
+            exhaustion = decide_exhaustion(self._ledger.view)
+            if exhaustion.exhausted:
                 self._ledger.declare_exhausted()
-                self._ledger.end_run("failed", cause)
+                self._ledger.end_run("failed", exhaustion.reason)
                 return TickDecision(
-                    "exhausted", idle_s, progress_recorded=progress_recorded, cause=cause
+                    "exhausted",
+                    idle_s,
+                    progress_recorded=progress_recorded,
+                    cause=exhaustion.reason,
                 )
 
         if not work_remains or idle_s < self._config.stall_timeout_s:

@@ -49,8 +49,8 @@ from pydantic import ValidationError
 
 from fleetledger.events.codec import EventCodec, StoredRow, describe_validation_error
 from fleetledger.events.errors import EventDecodeError, ImportFileError, LedgerError
-from fleetledger.events.jsonl import ParsedRun, export_lines, format_at, parse_export
-from fleetledger.events.models import FleetConfig, RunStarted, us_from_datetime
+from fleetledger.events.jsonl import ParsedRun, export_lines, parse_export
+from fleetledger.events.models import FleetConfig, RunStarted, iso_at, us_from_datetime
 
 BUNDLE_FORMAT = "fleetledger-bundle"
 BUNDLE_FORMAT_VERSION = 1
@@ -186,7 +186,7 @@ def write_bundle(
                 run=run,
                 events=events,
                 events_sha256=digest.hexdigest(),
-                created=format_at(us_from_datetime(written)),
+                created=iso_at(us_from_datetime(written)),
             )
             archive.writestr(member(CONFIG), _json_bytes(config.model_dump(mode="json")))
             archive.writestr(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleetledger.errors import FleetledgerError
+
 
 def first_line(exc: BaseException) -> str:
     """A driver error's first line: the part that says what happened, without the SQL."""
@@ -9,8 +11,8 @@ def first_line(exc: BaseException) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
-class LedgerError(Exception):
-    """Base of every error fleetledger raises on purpose."""
+class LedgerError(FleetledgerError):
+    """The durable log refused or failed: the base of the log's own errors."""
 
 
 class LedgerOpenError(LedgerError):

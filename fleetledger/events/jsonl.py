@@ -21,19 +21,15 @@ from typing import Any
 
 from fleetledger.events.codec import EventCodec, StoredRow
 from fleetledger.events.errors import EventDecodeError, ImportFileError
-from fleetledger.events.log import ImportRow
 from fleetledger.events.models import (
     RunEnded,
     RunStarted,
-    datetime_from_us,
+    iso_at,
     us_from_datetime,
 )
+from fleetledger.events.records import ImportRow
 
 LINE_KEYS = ("run", "seq", "id", "at", "type", "schema_version", "data")
-
-
-def format_at(at_us: int) -> str:
-    return datetime_from_us(at_us).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
@@ -48,7 +44,7 @@ def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
                     "run": run,
                     "seq": seq,
                     "id": event_id,
-                    "at": format_at(at_us),
+                    "at": iso_at(at_us),
                     "type": type_,
                     "schema_version": version,
                     "data": payload,

@@ -26,13 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Connection, bindparam, func, insert, select
+from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from fleetledger.events.allocation import cyclic_gc_paused
+from fleetledger.events.batch_rules import check_batch
 from fleetledger.events.codec import EventCodec, StoredRow
 from fleetledger.events.database import Database, open_database
 from fleetledger.events.errors import (
@@ -50,46 +50,25 @@ from fleetledger.events.models import (
     RecordedEvent,
     RunEnded,
     RunStarted,
-    datetime_from_us,
+    iso_at,
 )
+from fleetledger.events.records import ImportRow, RunHead, RunSummary, check_run_id
 from fleetledger.events.schema import events, runs, snapshots
+from fleetledger.events.statements import (
+    Statements,
+    driver_cursor,
+    fetch_one,
+)
 
 T = TypeVar("T")
 READ_PAGE = 20_000
 # Ids looked up per IN (...): well under SQLite's and PostgreSQL's bind-parameter limits.
 LOOKUP_CHUNK = 10_000
 RUN_ENDED = RunEnded.model_fields["type"].default
-MAX_RUN_ID_LENGTH = 128
 
 
 def wall_clock_us() -> int:
     return time.time_ns() // 1_000
-
-
-def _iso_us(at_us: int) -> str:
-    """A stored stamp as the ISO 8601 UTC text the export and the CLI print."""
-    return datetime_from_us(at_us).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    head_seq: int
-    started_at_us: int
-    last_at_us: int
-    ended: bool
-
-
-@dataclass(frozen=True)
-class ImportRow:
-    """A stored event as an export file holds it, kept byte-for-byte on import."""
-
-    seq: int
-    event_id: str
-    at_us: int
-    type: str
-    schema_version: int
-    payload: str
 
 
 class _Encoded(NamedTuple):
@@ -105,113 +84,6 @@ class _Head(NamedTuple):
     seq: int
     at_us: int
     ended: bool
-
-
-def check_run_id(run: str) -> None:
-    if not isinstance(run, str) or not run or len(run) > MAX_RUN_ID_LENGTH or not run.isprintable():
-        raise AppendRejected(
-            str(run), f"a run id must be 1..{MAX_RUN_ID_LENGTH} printable characters"
-        )
-
-
-class _DriverStatement:
-    """A Core statement compiled once for the engine's dialect, run on the driver cursor.
-
-    Appending and replaying are the log's hot paths, and per execution Core spends more
-    time building parameters and ``Row`` objects than SQLite spends on the statement
-    (a replay read 3.1 µs/row through Core, 1.0 µs/row this way). The SQL is still
-    Core's: compiled from the table objects, in the dialect's own parameter style.
-    """
-
-    def __init__(self, statement: Any, dialect: Any) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.order: tuple[str, ...] | None = (
-            tuple(compiled.positiontup) if compiled.positional else None
-        )
-        # Values Core bound itself, e.g. LIMIT 1.
-        self._defaults = {
-            name: bind.value for name, bind in compiled.binds.items() if bind.value is not None
-        }
-
-    def params(self, **values: Any) -> tuple[Any, ...] | dict[str, Any]:
-        merged = {**self._defaults, **values}
-        return merged if self.order is None else tuple(merged[k] for k in self.order)
-
-
-INSERT_COLUMNS = ("run_id", "seq", "event_id", "type", "schema_version", "at_us", "payload")
-
-
-class _Statements:
-    """The hot-path statements of one database, compiled once."""
-
-    def __init__(self, dialect: Any) -> None:
-        # SQLite needs no row lock: BEGIN IMMEDIATE already admits one writer at a time.
-        self.lock_run = (
-            None
-            if dialect.name == "sqlite"
-            else _DriverStatement(
-                select(runs.c.run_id).where(runs.c.run_id == bindparam("run")).with_for_update(),
-                dialect,
-            )
-        )
-        self.last_event = _DriverStatement(
-            select(events.c.seq, events.c.at_us, events.c.type)
-            .where(events.c.run_id == bindparam("run"))
-            .order_by(events.c.seq.desc())
-            .limit(1),
-            dialect,
-        )
-        self.insert_events = _DriverStatement(
-            insert(events).values({name: bindparam(name) for name in INSERT_COLUMNS}), dialect
-        )
-        if self.insert_events.order not in (None, INSERT_COLUMNS):
-            raise AssertionError(f"unexpected INSERT order {self.insert_events.order}")
-        self.page = _DriverStatement(
-            select(
-                events.c.seq,
-                events.c.at_us,
-                events.c.type,
-                events.c.schema_version,
-                events.c.payload,
-            )
-            .where(
-                events.c.run_id == bindparam("run"),
-                events.c.seq > bindparam("lo"),
-                events.c.seq <= bindparam("hi"),
-            )
-            .order_by(events.c.seq),
-            dialect,
-        )
-        # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
-        self.time_of = _DriverStatement(
-            select(events.c.at_us).where(
-                events.c.run_id == bindparam("run"), events.c.seq == bindparam("seq")
-            ),
-            dialect,
-        )
-
-    def insert_rows(self, rows: list[tuple[Any, ...]]) -> list[Any]:
-        """Rows in ``INSERT_COLUMNS`` order, in the driver's parameter style."""
-        if self.insert_events.order is not None:
-            return rows
-        return [dict(zip(INSERT_COLUMNS, row, strict=True)) for row in rows]
-
-
-@contextmanager
-def _driver_cursor(conn: Connection) -> Iterator[Any]:
-    """A cursor of the connection's driver, closed after use (see ``_DriverStatement``)."""
-    cursor = conn.connection.driver_connection.cursor()
-    try:
-        yield cursor
-    finally:
-        cursor.close()
-
-
-def _fetch_one(conn: Connection, statement: _DriverStatement, **params: Any) -> Any:
-    with _driver_cursor(conn) as cursor:
-        cursor.execute(statement.sql, statement.params(**params))
-        return cursor.fetchone()
 
 
 class _Retry(Exception):
@@ -232,7 +104,7 @@ class EventLog:
         self.codec = codec or EventCodec()
         self._clock_us = clock_us
         self._configs: dict[str, FleetConfig] = {}
-        self._sql = _Statements(database.engine.dialect)
+        self._sql = Statements(database.engine.dialect)
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
         # One write connection per thread, kept: checking one out of the pool for every
@@ -404,20 +276,20 @@ class EventLog:
         if head is None:
             return None
         if self._sql.lock_run is not None:
-            _fetch_one(conn, self._sql.lock_run, run=run)
+            fetch_one(conn, self._sql.lock_run, run=run)
         return head
 
     def _head(self, conn: Connection, run: str, *, lock: bool) -> _Head | None:
         """The run's last event (None: no such run); with ``lock``, own the run's appends."""
         if lock and self._sql.lock_run is not None:
-            if _fetch_one(conn, self._sql.lock_run, run=run) is None:
+            if fetch_one(conn, self._sql.lock_run, run=run) is None:
                 return None
-        row = _fetch_one(conn, self._sql.last_event, run=run)
+        row = fetch_one(conn, self._sql.last_event, run=run)
         return None if row is None else _Head(row[0], row[1], row[2] == RUN_ENDED)
 
     def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """Rows in ``INSERT_COLUMNS`` order, straight to the driver (one executemany)."""
-        with _driver_cursor(conn) as cursor:
+        with driver_cursor(conn) as cursor:
             cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
 
     def _append_in(
@@ -443,7 +315,12 @@ class EventLog:
         if not fresh:
             return [stored[e.event.id] for e in encoded], None
         try:
-            self._validate(conn, run, head, fresh)
+            check_batch(
+                run,
+                [e.event for e in fresh],
+                head=None if head is None else (head.seq, head.ended),
+                config=lambda: self._config_in(conn, run),
+            )
         except AppendRejected:
             if lookup:
                 raise
@@ -466,44 +343,10 @@ class EventLog:
         assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
         return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded], new_head
 
-    def _validate(
-        self, conn: Connection, run: str, head: _Head | None, fresh: list[_Encoded]
-    ) -> FleetConfig:
-        """Check a batch against the run's state; returns the run's configuration."""
-        offset = 0
-        if head is None:
-            first = fresh[0].event
-            if not isinstance(first, RunStarted):
-                raise UnknownRun(
-                    run,
-                    f"no run {run!r} in this ledger; a run begins with a run_started event "
-                    f"(got {first.type!r})",
-                    index=0,
-                )
-            config = first.config
-            offset = 1
-        else:
-            if head.ended:
-                raise AppendRejected(
-                    run, f"the run ended at seq {head.seq}; nothing may be appended after it"
-                )
-            config = self._config_in(conn, run)
-        for index, item in enumerate(fresh[offset:], start=offset):
-            event = item.event
-            if isinstance(event, RunStarted):
-                raise AppendRejected(run, "the run has already started", index=index)
-            if isinstance(event, RunEnded) and index != len(fresh) - 1:
-                raise AppendRejected(run, "run_ended must be the last event", index=index)
-            try:
-                config.check_event(event)
-            except ValueError as exc:
-                raise AppendRejected(run, f"{event.type}: {exc}", index=index) from None
-        return config
-
     def _config_in(self, conn: Connection, run: str) -> FleetConfig:
         config = self._configs.get(run)
         if config is None:
-            row = _fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
+            row = fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
             if row is None:
                 raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
             _seq, _at_us, type_, version, payload = row
@@ -534,6 +377,12 @@ class EventLog:
             self._require_run(conn, run)
             return self._config_in(conn, run)
 
+    def run_head(self, run: str) -> RunHead:
+        """The run's head and configuration in one read (an unknown run is an error)."""
+        with self._reading() as conn:
+            head = self._require_run(conn, run)
+            return RunHead(run, head.seq, head.at_us, head.ended, self._config_in(conn, run))
+
     def head(self, run: str) -> int:
         with self._reading() as conn:
             return self._require_run(conn, run).seq
@@ -555,25 +404,45 @@ class EventLog:
         of ``StoredRow``; seqs are immutable once committed, so pages read in separate
         statements still form one consistent prefix of the run.
         """
-        with self._reading() as conn:
-            head = self._require_run(conn, run)
-            conn.rollback()
-        last = head.seq if to_seq is None else min(to_seq, head.seq)
+        # A caller that names ``to_seq`` knows the head already (a reader looks it up
+        # once per command): the head is looked up only if the rows stop short of it.
+        if to_seq is None:
+            with self._reading() as conn:
+                last = self._require_run(conn, run).seq
+                conn.rollback()
+        else:
+            last = to_seq
         lo = after_seq
         page_sql = self._sql.page
-        with self._reading() as conn, _driver_cursor(conn) as cursor:
+        with self._reading() as conn, driver_cursor(conn) as cursor:
             while lo < last:
                 hi = min(lo + READ_PAGE, last)
                 with cyclic_gc_paused():
                     cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
                     page = cursor.fetchall()
                 if len(page) != hi - lo:
-                    raise LedgerError(
-                        f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} "
-                        "rows; the ledger is damaged"
-                    )
-                yield page
+                    # Rows stop short of a bound the caller named: the head was there
+                    # when the page was read, and the read ends at it, as a read past
+                    # the head always has. A hole inside the rows is damage.
+                    last = self._end_of_short_page(run, lo, hi, page, to_seq)
+                if page:
+                    yield page
                 lo = hi
+
+    def _end_of_short_page(
+        self, run: str, lo: int, hi: int, page: list[StoredRow], to_seq: int | None
+    ) -> int:
+        found = len(page)
+        contiguous = not page or (page[0][0] == lo + 1 and page[-1][0] == lo + found)
+        if to_seq is None or not contiguous:
+            raise LedgerError(
+                f"run {run!r}: expected seqs {lo + 1}..{hi}, found {found} rows; "
+                "the ledger is damaged"
+            )
+        if not page:
+            with self._reading() as conn:
+                self._require_run(conn, run)  # an unknown run is an error, not empty
+        return lo + found
 
     def read(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
@@ -588,7 +457,7 @@ class EventLog:
         for page in self.read_stored(run, after_seq, to_seq):
             yield self.codec.decode_rows(run, page)
 
-    def seq_at(self, run: str, at_us: int) -> int:
+    def seq_at(self, run: str, at_us: int, *, head: RunHead | None = None) -> int:
         """The last seq of ``run`` whose stored time is at or before ``at_us``.
 
         What "the fleet at 10:25:43" means: every event recorded by then, none after.
@@ -600,15 +469,15 @@ class EventLog:
         """
         statement = self._sql.time_of
         with self._reading() as conn:
-            head = self._require_run(conn, run)
-            if at_us >= head.at_us:
-                return head.seq
+            last = self._require_run(conn, run) if head is None else head
+            if at_us >= last.at_us:
+                return last.seq
 
             def time_of(seq: int) -> int:
-                row = _fetch_one(conn, statement, run=run, seq=seq)
+                row = fetch_one(conn, statement, run=run, seq=seq)
                 if row is None:
                     raise LedgerError(
-                        f"run {run!r} has a head at seq {head.seq} but no seq {seq}: "
+                        f"run {run!r} has a head at seq {last.seq} but no seq {seq}: "
                         "the ledger is damaged"
                     )
                 return int(row[0])
@@ -616,11 +485,11 @@ class EventLog:
             first_at = time_of(1)
             if at_us < first_at:
                 raise LedgerError(
-                    f"run {run!r} began at {_iso_us(first_at)} (seq 1); "
-                    f"{_iso_us(at_us)} is before its first event"
+                    f"run {run!r} began at {iso_at(first_at)} (seq 1); "
+                    f"{iso_at(at_us)} is before its first event"
                 )
             # Invariant: time_of(lo) <= at_us < time_of(hi).
-            lo, hi = 1, head.seq
+            lo, hi = 1, last.seq
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if time_of(mid) <= at_us:

@@ -74,11 +74,20 @@ class FleetConfig(BaseModel):
     def check_event(self, event: Event) -> None:
         """Refuse an event that names a shard this fleet does not have."""
         for shard in event.shards_named():
-            if shard >= self.shard_count:
-                raise ValueError(
-                    f"shard {shard} is out of range: this run has shard_count="
-                    f"{self.shard_count} (valid shards 0..{self.shard_count - 1})"
-                )
+            problem = shard_outside(shard, self.shard_count)
+            if problem is not None:
+                raise ValueError(problem)
+
+
+def shard_outside(shard: int, shard_count: int) -> str | None:
+    """The one shard-in-range rule: None when ``shard`` is one of ``0..shard_count-1``,
+    else the problem in words, for the caller to raise saying where it was found."""
+    if 0 <= shard < shard_count:
+        return None
+    return (
+        f"shard {shard} is out of range: this run has shard_count={shard_count} "
+        f"(valid shards 0..{shard_count - 1})"
+    )
 
 
 class Event(BaseModel):
@@ -390,6 +399,11 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def datetime_from_us(at_us: int) -> datetime:
     """Exact (no float rounding) conversion of a stored stamp to an aware UTC datetime."""
     return EPOCH + timedelta(microseconds=at_us)
+
+
+def iso_at(at_us: int, timespec: str = "microseconds") -> str:
+    """A stored stamp as ISO 8601 in UTC with a ``Z``: the one way every output writes a time."""
+    return datetime_from_us(at_us).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def us_from_datetime(at: datetime) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from fleetledger.errors import FleetledgerError
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -38,7 +39,9 @@ from fleetledger.events.models import (
     SilentParticipantCondemned,
     StallDetected,
     WeightsMarkedPartial,
+    shard_outside,
 )
+from fleetledger.projections.decisions import Exhaustion, decide_exhaustion
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
 from fleetledger.projections.shard_states import (
     Input,
@@ -52,7 +55,7 @@ from fleetledger.projections.shard_states import (
 )
 
 
-class ProjectionError(ValueError):
+class ProjectionError(FleetledgerError, ValueError):
     """The events cannot be folded (out of order, wrong run, no run_started)."""
 
 
@@ -92,20 +95,6 @@ class RunEnd:
     seq: int
     outcome: str
     cause: str
-
-
-@dataclass(frozen=True, slots=True)
-class Exhaustion:
-    serving: int
-    min_healthy_shards: int
-    counts: dict[str, int]
-
-    def describe(self) -> str:
-        states = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
-        return (
-            f"only {self.serving} generation shard(s) serving, below min_healthy_shards="
-            f"{self.min_healthy_shards}; fleet: {states}"
-        )
 
 
 @dataclass
@@ -178,11 +167,9 @@ class FleetView:
         return counts
 
     def exhaustion(self) -> Exhaustion | None:
-        """Fewer than ``min_healthy_shards`` serving: the run should stop with this cause."""
-        serving = len(self.serving)
-        if serving >= self.config.min_healthy_shards:
-            return None
-        return Exhaustion(serving, self.config.min_healthy_shards, self.counts())
+        """The exhaustion decision's facts when it says exhausted (the rule lives there)."""
+        decision = decide_exhaustion(self)
+        return decision.exhaustion if decision.exhausted else None
 
     def layout(self) -> RankLayout:
         """The refit communicator's layout for the current absent set."""
@@ -230,20 +217,15 @@ class FleetView:
 
         The log never stores one; a hand-built or imported sequence might.
         """
-        count = len(self.shards)
         for shard in shards:
-            if not 0 <= shard < count:
-                raise ProjectionError(
-                    f"run {self.run!r} seq {seq}: {event.type} names shard {shard}, but the "
-                    f"fleet has shards 0..{count - 1}"
-                )
+            problem = shard_outside(shard, len(self.shards))
+            if problem is not None:
+                raise ProjectionError(f"run {self.run!r} seq {seq}: {event.type}: {problem}")
 
     def _signal(self, shard: int, signal: Signal) -> list[Transition]:
-        if not 0 <= shard < len(self.shards):
-            raise ProjectionError(
-                f"run {self.run!r} seq {signal.seq}: {signal.input} for shard {shard}, but "
-                f"the fleet has shards 0..{len(self.shards) - 1}"
-            )
+        problem = shard_outside(shard, len(self.shards))
+        if problem is not None:
+            raise ProjectionError(f"run {self.run!r} seq {signal.seq}: {signal.input}: {problem}")
         t = step(self.shards[shard], signal, self._thresholds)
         return [] if t is None else [t]
 

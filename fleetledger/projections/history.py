@@ -1,24 +1,36 @@
-"""A run's history as a sequence of entries: what `replay` prints and `timeline` draws.
+"""A run's history as a sequence of entries: what ``replay`` prints and ``timeline`` draws.
 
 ``History`` folds events through a ``FleetView`` and turns what changed into entries:
 every shard transition (with its rule and evidence), every membership epoch change
 (with the serving and absent sets and the rank layout the transports would build),
 every refit (start to end, participants, outcome), restarts, decisions, stalls and the
-end of the run. Probe results and adapter windows produce entries only through the
-transitions they cause: a million healthy probes are not history.
+end of the run.
 
-Pure, like every projection: the same events give the same entries.
+Rules of this file:
+
+- What an event adds to the history is data: ``ENTRY_BUILDERS`` maps every event type
+  to the method that builds its entries, and a test holds it to the event vocabulary
+  (no type missing, none extra). Observations — probes, adapter windows, actor deaths,
+  progress, ``run_started`` — map to ``_no_entry_of_its_own``: they enter the history
+  only through the transitions they cause, so a million healthy probes are not history.
+- Entries of one event come in causal order: the event's own entry (a restart, a
+  decision, a stall) first, then the transitions it caused, then what closes (a refit,
+  the run), and last the epoch change the transitions add up to.
+- Entries hold the fold's own types (``ShardState``, ``Input``), not their names; their
+  JSON form is ``json_form``'s, with ``kind`` and the ISO times declared as derived keys.
+- Pure, like every projection: the same events give the same entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
+    Event,
     FleetExhausted,
     OutcomeWindowReported,
     ProbeFailed,
@@ -27,64 +39,54 @@ from fleetledger.events.models import (
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
+    RefitStarted,
     ReplacementLoaded,
     RestartFailed,
     RestartRequested,
     RunEnded,
+    RunStarted,
     ShardRetired,
     SilentParticipantCondemned,
     StallDetected,
     WeightsMarkedPartial,
-    datetime_from_us,
+    iso_at,
 )
-from fleetledger.projections.fleet_view import FleetView, OpenRefit
+from fleetledger.projections.fleet_view import FleetView, OpenRefit, ProjectionError
+from fleetledger.projections.json_form import JsonForm
 from fleetledger.projections.rank_layout import RankLayoutError
-from fleetledger.projections.shard_states import Transition
-
-
-def _iso(at_us: int) -> str:
-    return datetime_from_us(at_us).isoformat(timespec="microseconds").replace("+00:00", "Z")
+from fleetledger.projections.shard_states import Input, ShardState, Transition
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(JsonForm):
     """Base of every history entry: where in the run it happened."""
+
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = ("kind", "at")
+    kind: ClassVar[str]  # what ``--json`` calls this type of entry
 
     seq: int
     at_us: int
 
     @property
-    def kind(self) -> str:
-        raise NotImplementedError
+    def at(self) -> str:
+        return iso_at(self.at_us)
 
     @property
     def shards(self) -> tuple[int, ...]:
         """The shards this entry is about (for ``--shard`` filters)."""
         return ()
 
-    def as_dict(self) -> dict[str, Any]:
-        # Fields hold numbers, strings, tuples and at most a flat dict: a shallow copy
-        # equals ``dataclasses.asdict`` and costs a tenth of its recursive deep copy.
-        out: dict[str, Any] = {"kind": self.kind}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = dict(value) if isinstance(value, dict) else value
-        out["at"] = _iso(self.at_us)
-        return out
-
 
 @dataclass(frozen=True, slots=True)
 class TransitionEntry(Entry):
+    kind: ClassVar[str] = "transition"
+
     shard: int
-    before: str
-    after: str
-    input: str
+    before: ShardState
+    after: ShardState
+    input: Input
     rule: str
     evidence: tuple[int, ...]
-
-    @property
-    def kind(self) -> str:
-        return "transition"
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -92,30 +94,19 @@ class TransitionEntry(Entry):
 
     @classmethod
     def of(cls, t: Transition) -> TransitionEntry:
-        return cls(
-            t.seq,
-            t.at_us,
-            t.shard,
-            t.before.value,
-            t.after.value,
-            t.input.value,
-            t.rule,
-            t.evidence,
-        )
+        return cls(t.seq, t.at_us, t.shard, t.before, t.after, t.input, t.rule, t.evidence)
 
 
 @dataclass(frozen=True, slots=True)
 class EpochEntry(Entry):
+    kind: ClassVar[str] = "epoch"
+
     epoch: int
     serving: tuple[int, ...]
     absent: tuple[int, ...]
     world_size: int | None
     shard_prefixes: dict[int, int] | None
     layout_error: str | None
-
-    @property
-    def kind(self) -> str:
-        return "epoch"
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -126,6 +117,9 @@ class EpochEntry(Entry):
 class RefitEntry(Entry):
     """One refit, entered when it ends (``seq``); ``outcome`` "open" if it never did."""
 
+    JSON_DERIVED: ClassVar[tuple[str, ...]] = (*Entry.JSON_DERIVED, "started_at", "duration_s")
+    kind: ClassVar[str] = "refit"
+
     started_seq: int
     started_at_us: int
     weight_version: int
@@ -135,33 +129,29 @@ class RefitEntry(Entry):
     context_lost: bool
 
     @property
-    def kind(self) -> str:
-        return "refit"
-
-    @property
     def shards(self) -> tuple[int, ...]:
         return self.participants
+
+    @property
+    def started_at(self) -> str:
+        return iso_at(self.started_at_us)
 
     @property
     def duration_us(self) -> int:
         return self.at_us - self.started_at_us
 
-    def as_dict(self) -> dict[str, Any]:
-        out = Entry.as_dict(self)
-        out["started_at"] = _iso(self.started_at_us)
-        out["duration_s"] = self.duration_us / 1e6
-        return out
+    @property
+    def duration_s(self) -> float:
+        return self.duration_us / 1e6
 
 
 @dataclass(frozen=True, slots=True)
 class RestartEntry(Entry):
+    kind: ClassVar[str] = "restart"
+
     shard: int
     action: Literal["requested", "failed", "loaded"]
     detail: str
-
-    @property
-    def kind(self) -> str:
-        return "restart"
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -170,15 +160,13 @@ class RestartEntry(Entry):
 
 @dataclass(frozen=True, slots=True)
 class DecisionEntry(Entry):
+    kind: ClassVar[str] = "decision"
+
     decision: Literal[
         "weights_partial", "condemned", "retired", "condemnation_refused", "fleet_exhausted"
     ]
     subjects: tuple[int, ...]
     detail: str
-
-    @property
-    def kind(self) -> str:
-        return "decision"
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -187,31 +175,32 @@ class DecisionEntry(Entry):
 
 @dataclass(frozen=True, slots=True)
 class StallEntry(Entry):
+    kind: ClassVar[str] = "stall"
+
     committed_groups: int
     train_steps: int
     idle_s: float
     in_flight: int
     action: str
 
-    @property
-    def kind(self) -> str:
-        return "stall"
-
 
 @dataclass(frozen=True, slots=True)
 class EndEntry(Entry):
+    kind: ClassVar[str] = "end"
+
     outcome: str
     cause: str
 
-    @property
-    def kind(self) -> str:
-        return "end"
 
-
-# Events that are facts observed about shards, never decisions or refit boundaries: the
-# general path of ``History.feed`` has no entry of their own for any of them.
-_OBSERVATIONS: frozenset[type] = frozenset(
-    {ProbeSucceeded, ProbeFailed, ActorDeathConfirmed, OutcomeWindowReported, ProgressReported}
+# Every type of entry a history holds (what ``replay`` must have words for).
+ENTRY_TYPES: tuple[type[Entry], ...] = (
+    TransitionEntry,
+    EpochEntry,
+    RefitEntry,
+    RestartEntry,
+    DecisionEntry,
+    StallEntry,
+    EndEntry,
 )
 
 
@@ -243,61 +232,105 @@ class History:
     def feed(self, recorded: RecordedEvent) -> list[Entry]:
         view = self.view
         epoch = view.epoch
-        if type(recorded.event) in _OBSERVATIONS:
-            # Fast path for the bulk of a run (a replay of a million events spends more
-            # in the checks below than in the fold): an observation has no entry of its
-            # own and opens or closes no refit, so its entries are its transitions and
-            # the epoch change they may cause — exactly what the general path gives it.
-            transitions = view.apply(recorded)
-            if not transitions:
-                return []
-            observed: list[Entry] = [TransitionEntry.of(t) for t in transitions]
-            if view.epoch != epoch:
-                observed.append(_epoch_entry(view))
-            return observed
-        open_before = view.open_refit
-        transitions = view.apply(recorded)
-        seq, at = recorded.seq, recorded.at_us
-        e = recorded.event
-        entries: list[Entry] = []
-        # Decisions and lifecycle first: they are the cause of the transitions below.
-        if isinstance(e, RestartRequested):
-            entries.append(RestartEntry(seq, at, e.shard, "requested", ""))
-        elif isinstance(e, RestartFailed):
-            entries.append(RestartEntry(seq, at, e.shard, "failed", e.error))
-        elif isinstance(e, ReplacementLoaded):
-            entries.append(RestartEntry(seq, at, e.shard, "loaded", e.base_url or ""))
-        elif isinstance(e, WeightsMarkedPartial):
-            subjects = tuple(t.shard for t in transitions)
-            detail = f"refit at weight version {e.weight_version} aborted"
-            entries.append(DecisionEntry(seq, at, "weights_partial", subjects, detail))
-        elif isinstance(e, SilentParticipantCondemned):
-            entries.append(DecisionEntry(seq, at, "condemned", (e.shard,), e.reason))
-        elif isinstance(e, ShardRetired):
-            entries.append(DecisionEntry(seq, at, "retired", (e.shard,), e.reason))
-        elif isinstance(e, CondemnationRefused):
-            entries.append(DecisionEntry(seq, at, "condemnation_refused", e.suspected, e.reason))
-        elif isinstance(e, FleetExhausted):
-            counts = ", ".join(f"{k} {v}" for k, v in e.counts.items() if v)
-            detail = f"{e.serving} serving < min_healthy_shards {e.min_healthy_shards} ({counts})"
-            entries.append(DecisionEntry(seq, at, "fleet_exhausted", (), detail))
-        elif isinstance(e, StallDetected):
-            entries.append(
-                StallEntry(
-                    seq, at, e.committed_groups, e.train_steps, e.idle_s, e.in_flight, e.action
-                )
+        event = recorded.event
+        build = ENTRY_BUILDERS.get(type(event))
+        if build is None:
+            raise ProjectionError(
+                f"run {view.run!r} seq {recorded.seq}: no history rule for {event.type!r}"
             )
-        entries += [TransitionEntry.of(t) for t in transitions]
-        if view.open_refit is not None and view.open_refit is not open_before:
-            self._refit = view.open_refit
-        elif isinstance(e, RefitCompleted | RefitAborted):
-            entries.append(self._close_refit(e, seq, at))
+        transitions = view.apply(recorded)
+        if not transitions and build is _OBSERVED:
+            # Fast path for the bulk of a run (a replay of a million events spends more
+            # building entries than folding): an observation that moved no shard has no
+            # entry, and without a transition the epoch cannot have moved either.
+            return []
+        entries = build(
+            self, event, recorded.seq, recorded.at_us, [TransitionEntry.of(t) for t in transitions]
+        )
         if view.epoch != epoch:
             entries.append(_epoch_entry(view))
-        if isinstance(e, RunEnded):
-            entries += self.finish()
-            entries.append(EndEntry(seq, at, e.outcome, e.cause))
         return entries
+
+    # ── what each event adds: (event, seq, at, its transitions) → its entries ──────
+
+    def _no_entry_of_its_own(
+        self, e: Event, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [*moved]
+
+    def _on_restart_requested(
+        self, e: RestartRequested, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [RestartEntry(seq, at, e.shard, "requested", ""), *moved]
+
+    def _on_restart_failed(
+        self, e: RestartFailed, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [RestartEntry(seq, at, e.shard, "failed", e.error), *moved]
+
+    def _on_loaded(
+        self, e: ReplacementLoaded, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [RestartEntry(seq, at, e.shard, "loaded", e.base_url or ""), *moved]
+
+    def _on_partial(
+        self, e: WeightsMarkedPartial, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        subjects = tuple(t.shard for t in moved)
+        detail = f"refit at weight version {e.weight_version} aborted"
+        return [DecisionEntry(seq, at, "weights_partial", subjects, detail), *moved]
+
+    def _on_condemned(
+        self, e: SilentParticipantCondemned, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [DecisionEntry(seq, at, "condemned", (e.shard,), e.reason), *moved]
+
+    def _on_retired(
+        self, e: ShardRetired, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [DecisionEntry(seq, at, "retired", (e.shard,), e.reason), *moved]
+
+    def _on_refused(
+        self, e: CondemnationRefused, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [DecisionEntry(seq, at, "condemnation_refused", e.suspected, e.reason), *moved]
+
+    def _on_exhausted(
+        self, e: FleetExhausted, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        counts = ", ".join(f"{k} {v}" for k, v in e.counts.items() if v)
+        detail = f"{e.serving} serving < min_healthy_shards {e.min_healthy_shards} ({counts})"
+        return [DecisionEntry(seq, at, "fleet_exhausted", (), detail), *moved]
+
+    def _on_stall(
+        self, e: StallDetected, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        stall = StallEntry(
+            seq, at, e.committed_groups, e.train_steps, e.idle_s, e.in_flight, e.action
+        )
+        return [stall, *moved]
+
+    def _on_refit_started(
+        self, e: RefitStarted, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        # Remembered here, not read back from the view at the end: the view forgets the
+        # refit when it closes, and its entry needs the start.
+        self._refit = self.view.open_refit
+        return [*moved]
+
+    def _on_refit_closed(
+        self,
+        e: RefitCompleted | RefitAborted,
+        seq: int,
+        at: int,
+        moved: Sequence[TransitionEntry],
+    ) -> list[Entry]:
+        return [*moved, self._close_refit(e, seq, at)]
+
+    def _on_run_ended(
+        self, e: RunEnded, seq: int, at: int, moved: Sequence[TransitionEntry]
+    ) -> list[Entry]:
+        return [*moved, *self.finish(), EndEntry(seq, at, e.outcome, e.cause)]
 
     def _close_refit(self, e: RefitCompleted | RefitAborted, seq: int, at: int) -> RefitEntry:
         opened = self._refit
@@ -342,6 +375,34 @@ class History:
                 False,
             )
         ]
+
+
+EntryBuilder = Callable[[History, Any, int, int, Sequence[TransitionEntry]], list[Entry]]
+
+_OBSERVED: EntryBuilder = History._no_entry_of_its_own
+
+# Event type → the method that says what the event adds to the history.
+ENTRY_BUILDERS: dict[type[Event], EntryBuilder] = {
+    RunStarted: _OBSERVED,  # the fold refuses a second one; the first is ``History.start``
+    ProbeSucceeded: _OBSERVED,
+    ProbeFailed: _OBSERVED,
+    ActorDeathConfirmed: _OBSERVED,
+    OutcomeWindowReported: _OBSERVED,
+    ProgressReported: _OBSERVED,
+    RefitStarted: History._on_refit_started,
+    RefitCompleted: History._on_refit_closed,
+    RefitAborted: History._on_refit_closed,
+    WeightsMarkedPartial: History._on_partial,
+    RestartRequested: History._on_restart_requested,
+    RestartFailed: History._on_restart_failed,
+    ReplacementLoaded: History._on_loaded,
+    SilentParticipantCondemned: History._on_condemned,
+    ShardRetired: History._on_retired,
+    CondemnationRefused: History._on_refused,
+    StallDetected: History._on_stall,
+    FleetExhausted: History._on_exhausted,
+    RunEnded: History._on_run_ended,
+}
 
 
 def replay(events: Iterable[RecordedEvent], into: FleetView | None = None) -> Iterator[Entry]:

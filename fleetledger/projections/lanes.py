@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleetledger.events.models import FleetConfig, RecordedEvent
+from fleetledger.events.models import FleetConfig, RecordedEvent, shard_outside
 from fleetledger.projections.fleet_view import ProjectionError
 from fleetledger.projections.history import (
     DecisionEntry,
@@ -38,18 +38,15 @@ from fleetledger.projections.history import (
 )
 from fleetledger.projections.shard_states import ShardState
 
-INITIAL_STATE = ShardState.HEALTHY.value  # FleetView.start: every shard begins HEALTHY
+INITIAL_STATE = ShardState.HEALTHY  # FleetView.start: every shard begins HEALTHY
 # Where a stopped run's states are summed up, the absent and failing shards come first.
-STATE_ORDER = tuple(
-    s.value
-    for s in (
-        ShardState.DEAD,
-        ShardState.RESTARTING,
-        ShardState.RETIRED,
-        ShardState.SUSPECT,
-        ShardState.STALE,
-        ShardState.HEALTHY,
-    )
+STATE_ORDER: tuple[ShardState, ...] = (
+    ShardState.DEAD,
+    ShardState.RESTARTING,
+    ShardState.RETIRED,
+    ShardState.SUSPECT,
+    ShardState.STALE,
+    ShardState.HEALTHY,
 )
 
 
@@ -72,7 +69,7 @@ class Interval:
     """One shard in one state, from the event that put it there to the next change."""
 
     shard: int
-    state: str
+    state: ShardState
     start_seq: int
     end_seq: int  # exclusive: the seq of the next change, or the run's last seq + 1
     start_us: int
@@ -103,14 +100,14 @@ class Lanes:
     def shard_count(self) -> int:
         return len(self.lanes)
 
-    def state_at(self, shard: int, seq: int) -> str:
+    def state_at(self, shard: int, seq: int) -> ShardState:
         """The shard's state after event ``seq`` (1 ≤ seq ≤ last_seq)."""
         for interval in self.lanes[shard]:
             if interval.covers(seq):
                 return interval.state
         raise ValueError(f"seq {seq} is outside run {self.run!r} (seqs 1..{self.last_seq})")
 
-    def final_states(self) -> tuple[str, ...]:
+    def final_states(self) -> tuple[ShardState, ...]:
         return tuple(lane[-1].state for lane in self.lanes)
 
     def describe_states(self) -> str:
@@ -118,7 +115,7 @@ class Lanes:
 
         Grouped because a 64-shard fleet listed shard by shard hides its one dead shard.
         """
-        by_state: dict[str, list[int]] = {}
+        by_state: dict[ShardState, list[int]] = {}
         for shard, state in enumerate(self.final_states()):
             by_state.setdefault(state, []).append(shard)
         groups = []
@@ -152,7 +149,7 @@ class _LaneBuilder:
     def __init__(self, shard: int, first_us: int) -> None:
         self.shard = shard
         self.closed: list[Interval] = []
-        self.state = INITIAL_STATE
+        self.state: ShardState = INITIAL_STATE
         self.start_seq = 1
         self.start_us = first_us
         self.rule = "run started"
@@ -222,11 +219,9 @@ def build_lanes(
                 f"run {run!r}: a history entry at seq {entry.seq} is past the last seq {last_seq}"
             )
         if isinstance(entry, TransitionEntry):
-            if not 0 <= entry.shard < config.shard_count:
-                raise ProjectionError(
-                    f"run {run!r} seq {entry.seq}: transition of shard {entry.shard}, but the "
-                    f"fleet has shards 0..{config.shard_count - 1}"
-                )
+            problem = shard_outside(entry.shard, config.shard_count)
+            if problem is not None:
+                raise ProjectionError(f"run {run!r} seq {entry.seq}: transition: {problem}")
             builders[entry.shard].change(entry)
         elif isinstance(entry, RefitEntry):
             refits.append(entry)

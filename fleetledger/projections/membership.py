@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetledger.events.models import datetime_from_us
+from fleetledger.events.models import iso_at
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.rank_layout import RankLayoutError
 
@@ -23,7 +23,7 @@ def membership_document(view: FleetView) -> dict[str, Any]:
     return {
         "run": view.run,
         "seq": view.seq,
-        "at": datetime_from_us(view.at_us).isoformat(timespec="microseconds"),
+        "at": iso_at(view.at_us),
         "epoch": view.epoch,
         "serving": list(view.serving),
         "absent": list(view.absent),

@@ -13,8 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from fleetledger.errors import FleetledgerError
+from fleetledger.events.models import shard_outside
 
-class RankLayoutError(ValueError):
+
+class RankLayoutError(FleetledgerError, ValueError):
     """The inputs describe no valid communicator."""
 
 
@@ -72,9 +75,10 @@ def rank_layout(
             f"dp_size {dp_size}"
         )
     shards = sorted(set(survivors))
-    outside = [s for s in shards if not 0 <= s < dp_size]
-    if outside:
-        raise RankLayoutError(f"shard index {outside[0]} is outside [0, {dp_size})")
+    for shard in shards:
+        problem = shard_outside(shard, dp_size)
+        if problem is not None:
+            raise RankLayoutError(problem)
     if not shards:
         raise RankLayoutError(
             "no surviving shards: the refit communicator would hold only trainers"

@@ -148,8 +148,14 @@ def reported_failures_reached(r: ShardRecord, t: Thresholds) -> bool:
     return r.reported_failures >= t.unhealthy
 
 
+def restart_budget_exceeded(attempts: int, max_restarts: int) -> bool:
+    """The restart budget rule, shared with the restart decision: attempt n of a budget
+    of m is allowed while n <= m."""
+    return attempts > max_restarts
+
+
 def restart_budget_exhausted(r: ShardRecord, t: Thresholds) -> bool:
-    return r.restart_attempts > t.max_restarts
+    return restart_budget_exceeded(r.restart_attempts, t.max_restarts)
 
 
 def was_suspect_before_partial(r: ShardRecord, _t: Thresholds) -> bool:
@@ -191,14 +197,15 @@ _REPORTED_STREAK_DEAD = Branch(
 _ACTOR_DIED = Branch(always, D, "actor death confirmed by the runtime: {text}")
 _CONDEMNED = Branch(always, D, "condemned as the silent participant: {text}")
 _RETIRE = Branch(always, RT, "retired: {text}")
+# Also the restart decision's reasons (``decisions.decide_restart``), word for word.
+RESTART_EXHAUSTED_RULE = (
+    "restart attempts exhausted ({restart_attempts} > max_restart_attempts_per_shard "
+    "{max_restarts})"
+)
+RESTART_REQUESTED_RULE = "restart requested (attempt {restart_attempts} of {max_restarts})"
 _RESTART = (
-    Branch(
-        restart_budget_exhausted,
-        RT,
-        "restart attempts exhausted ({restart_attempts} > "
-        "max_restart_attempts_per_shard {max_restarts})",
-    ),
-    Branch(always, R, "restart requested (attempt {restart_attempts} of {max_restarts})"),
+    Branch(restart_budget_exhausted, RT, RESTART_EXHAUSTED_RULE),
+    Branch(always, R, RESTART_REQUESTED_RULE),
 )
 _PARTIAL = Branch(always, ST, "weights partial: refit at version {weight_version} aborted")
 _REFIT_RESTORES = (

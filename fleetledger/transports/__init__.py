@@ -1,5 +1,3 @@
-"""Weight-sync transports that build their communicator from a ``RankLayout``.
-
-Lands with the transports issue; the layout they consume is
-``fleetledger.projections.rank_layout``.
+"""Weight-sync transports: each implements ``fleetledger.weight_sync.WeightSynchronizer``
+and builds its communicator from the ``RankLayout`` of ``fleetledger.projections.rank_layout``.
 """

@@ -22,8 +22,10 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from fleetledger.events.models import shard_outside
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
-from fleetledger.transports.weight_sync import (
+from fleetledger.weight_sync import (
+    Party,
     PushReport,
     ReconcileOutcome,
     RefitFailed,
@@ -88,8 +90,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
 
     def replace_shard(self, shard: int, workers: Sequence[ActorHandle]) -> None:
         """A restarted shard's new workers; they join at the next rebuild (re-admission)."""
-        if shard not in self._workers:
-            raise ValueError(f"shard {shard} is not one of shards 0..{self.dp_size - 1}")
+        problem = shard_outside(shard, self.dp_size)
+        if problem is not None:
+            raise ValueError(problem)
         if len(workers) != self.workers_per_shard:
             raise ValueError(
                 f"shard {shard}: {len(workers)} workers given, {self.workers_per_shard} expected"
@@ -98,12 +101,12 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
 
     # ── membership ──────────────────────────────────────────────────────────
 
-    def _members(self, layout: RankLayout) -> list[tuple[int, str, ActorHandle]]:
+    def _members(self, layout: RankLayout) -> list[tuple[int, Party, ActorHandle]]:
         """(rank, party, handle) of every member of ``layout``, rank order."""
-        members = [(rank, f"trainer {rank}", h) for rank, h in enumerate(self._trainers)]
+        members = [(rank, Party.trainer(rank), h) for rank, h in enumerate(self._trainers)]
         for shard in layout.survivors:
             for local, handle in enumerate(self._workers[shard]):
-                members.append((layout.rank_of(shard, local), f"shard {shard}", handle))
+                members.append((layout.rank_of(shard, local), Party.shard(shard), handle))
         return members
 
     def reconcile(self, absent: Iterable[int], *, force: bool = False) -> ReconcileOutcome:
@@ -132,7 +135,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             {
                 members[0][2].refit_open_store.remote(
                     layout.world_size, self.build_timeout_s
-                ): "trainer 0"
+                ): Party.trainer(0)
             },
             bound,
             "store",
@@ -163,7 +166,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
     def push(self, version: int) -> PushReport:
         layout = self.built_layout
         if layout is None:
-            raise RefitFailed("push", errors={"transport": "no communicator: reconcile first"})
+            raise RefitFailed("push", detail="no communicator: reconcile first")
         started = time.monotonic()
         results = self._gather(
             {h.refit_broadcast.remote(version): p for _, p, h in self._members(layout)},
@@ -171,13 +174,15 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             "push",
         )
         root = results[0]["checksum"]
-        wrong = {
-            f"{party} (rank {r['rank']})": f"checksum {r['checksum'][:12]} ≠ root {root[:12]}"
-            for (_, party, _), r in zip(self._members(layout), results, strict=True)
-            if r["checksum"] != root
-        }
+        # A shard is one party whatever its width: each of its wrong ranks is one clause.
+        wrong: dict[Party, list[str]] = {}
+        for (_, party, _), r in zip(self._members(layout), results, strict=True):
+            if r["checksum"] != root:
+                wrong.setdefault(party, []).append(
+                    f"rank {r['rank']}: checksum {r['checksum'][:12]} ≠ root {root[:12]}"
+                )
         if wrong:
-            raise RefitFailed("verify", errors=wrong)
+            raise RefitFailed("verify", errors={p: "; ".join(w) for p, w in wrong.items()})
         return PushReport(
             version=version,
             world_size=layout.world_size,
@@ -197,7 +202,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
 
     # ── waiting ─────────────────────────────────────────────────────────────
 
-    def _gather(self, calls: Mapping[Any, str], bound: float, stage: str) -> list[Any]:
+    def _gather(self, calls: Mapping[Any, Party], bound: float, stage: str) -> list[Any]:
         """Results in call order, or RefitFailed naming every party that did not deliver.
 
         Once one party has failed, the rest get ``settle_s`` (not the whole bound) to

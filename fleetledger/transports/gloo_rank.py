@@ -71,7 +71,7 @@ class CommunicatorMember:
     """This process's membership in the refit communicator, one build at a time."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
-        # GLOO must use loopback on these machines (MACHINE-NOTES); a caller may override.
+        # gloo must use loopback on these machines (docs/reference.md M1); a caller may override.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self.version = 0

@@ -1,0 +1,228 @@
+"""The replay table: one row per history entry, in the same fixed columns everywhere.
+
+Each history entry type has its words here (``ENTRY_WORDING``, held to the entry types
+by a test); ``EntryTable`` prints rows a few at a time so a million-entry replay and a
+live watch line up under one header. Rules, reasons and error texts come from the log:
+every cell is ``Text``, never markup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Column, Table
+from rich.text import Text
+
+from fleetledger.events.models import FleetConfig, datetime_from_us
+from fleetledger.projections.history import (
+    DecisionEntry,
+    EndEntry,
+    Entry,
+    EpochEntry,
+    RefitEntry,
+    RestartEntry,
+    StallEntry,
+    TransitionEntry,
+)
+from fleetledger.projections.shard_states import ShardState
+
+# Rows per rendered table: rich measures a whole table before printing it, so a long
+# replay is printed as a stack of tables with the same fixed columns.
+TABLE_CHUNK = 500
+# More subjects than this move from the narrow shard column into the detail.
+MAX_SHARD_COLUMN = 2
+
+
+# ── rendering entries ──────────────────────────────────────────────────────────
+
+# A row of the table: (shard column, what happened, why / detail, style).
+Row = tuple[str, str, str, str]
+
+DECISIONS: dict[str, str] = {
+    "weights_partial": "weights partial",
+    "condemned": "condemned",
+    "retired": "retired",
+    "condemnation_refused": "condemnation refused",
+    "fleet_exhausted": "fleet exhausted",
+}
+# The states a reader must not miss in a long table, by the state a shard moved to.
+TRANSITION_STYLES: dict[ShardState, str] = {
+    ShardState.DEAD: "red",
+    ShardState.RETIRED: "bold red",
+    ShardState.HEALTHY: "green",
+    ShardState.SUSPECT: "yellow",
+}
+REFIT_STYLES: dict[str, str] = {"aborted": "red", "open": "yellow"}
+
+
+def _time(at_us: int) -> str:
+    # The year is in replay's title line (a watch is live: it is this year); milliseconds
+    # are enough for a person to order what happened.
+    return datetime_from_us(at_us).strftime("%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _shards(shards: Iterable[int]) -> str:
+    return ",".join(str(s) for s in shards)
+
+
+def _seqs(seqs: Iterable[int]) -> str:
+    return ", ".join(str(s) for s in seqs)
+
+
+def describe_layout(entry: EpochEntry, config: FleetConfig) -> str:
+    """The rank layout as ranges: the trainer ranks, then each present shard's ranks.
+
+    ``shard_prefixes`` are worker offsets after the trainer ranks (the transports'
+    contract); a reader wants global ranks, so they are shifted here.
+    """
+    if entry.world_size is None or entry.shard_prefixes is None:
+        return f"no rank layout: {entry.layout_error}"
+    trainers = config.train_world_size
+    width = config.workers_per_shard
+    parts = [f"trainer {_span(0, trainers)}"]
+    parts += [
+        f"shard {shard} {_span(trainers + prefix, trainers + prefix + width)}"
+        for shard, prefix in sorted(entry.shard_prefixes.items(), key=lambda kv: kv[1])
+    ]
+    return f"world {entry.world_size}: " + ", ".join(parts)
+
+
+def _span(first: int, end: int) -> str:
+    return str(first) if end - first == 1 else f"{first}–{end - 1}"
+
+
+def _transition_row(entry: TransitionEntry, config: FleetConfig) -> Row:
+    return (
+        str(entry.shard),
+        f"{entry.before} → {entry.after}",
+        f"{entry.rule} [evidence: seq {_seqs(entry.evidence)}]",
+        TRANSITION_STYLES.get(entry.after, ""),
+    )
+
+
+def _epoch_row(entry: EpochEntry, config: FleetConfig) -> Row:
+    return (
+        "",
+        f"epoch {entry.epoch}",
+        f"serving [{_shards(entry.serving)}] · absent [{_shards(entry.absent)}] · "
+        + describe_layout(entry, config),
+        "bold cyan",
+    )
+
+
+def _refit_row(entry: RefitEntry, config: FleetConfig) -> Row:
+    span = f"seq {entry.started_seq}→{entry.seq}, {entry.duration_s:.3f} s"
+    detail = f"{span}, shards [{_shards(entry.participants)}]"
+    if entry.outcome == "aborted":
+        detail += f"; {entry.reason}"
+        if entry.context_lost:
+            detail += "; device context lost"
+    elif entry.outcome == "open":
+        detail += f"; still open: {entry.reason}"
+    what = f"refit v{entry.weight_version} {entry.outcome}"
+    return "", what, detail, REFIT_STYLES.get(entry.outcome, "")
+
+
+def _restart_row(entry: RestartEntry, config: FleetConfig) -> Row:
+    return str(entry.shard), f"restart {entry.action}", entry.detail, ""
+
+
+def _decision_row(entry: DecisionEntry, config: FleetConfig) -> Row:
+    what = DECISIONS.get(entry.decision, entry.decision)
+    if len(entry.subjects) <= MAX_SHARD_COLUMN:
+        return _shards(entry.subjects), what, entry.detail, "magenta"
+    return "", what, f"{entry.detail}; shards [{_shards(entry.subjects)}]", "magenta"
+
+
+def _stall_row(entry: StallEntry, config: FleetConfig) -> Row:
+    return (
+        "",
+        f"stall ({entry.action})",
+        f"idle {entry.idle_s:g} s; committed groups {entry.committed_groups}, "
+        f"train steps {entry.train_steps}, in flight {entry.in_flight}",
+        "yellow",
+    )
+
+
+def _end_row(entry: EndEntry, config: FleetConfig) -> Row:
+    return "", f"run ended ({entry.outcome})", entry.cause, "bold"
+
+
+# History entry type → the words of its row (a test holds it to ``history.ENTRY_TYPES``).
+ENTRY_WORDING: dict[type[Entry], Callable[[Any, FleetConfig], Row]] = {
+    TransitionEntry: _transition_row,
+    EpochEntry: _epoch_row,
+    RefitEntry: _refit_row,
+    RestartEntry: _restart_row,
+    DecisionEntry: _decision_row,
+    StallEntry: _stall_row,
+    EndEntry: _end_row,
+}
+
+
+def describe(entry: Entry, config: FleetConfig) -> Row:
+    """(shard column, what happened, why / detail, style) for one entry of a run."""
+    wording = ENTRY_WORDING.get(type(entry))
+    if wording is None:  # an entry type newer than this table: show it raw, not nothing
+        return "", entry.kind, json.dumps(entry.as_json()), ""
+    return wording(entry, config)
+
+
+class EntryTable:
+    """Prints entries as rows of one table with fixed columns, a few rows at a time.
+
+    The columns before the detail have fixed widths, so tables printed one after the
+    other (chunks of a replay, single rows of a watch) line up under one header.
+    """
+
+    def __init__(self, console: Console, config: FleetConfig, seq_width: int) -> None:
+        self.console = console
+        self.config = config
+        self.seq_width = max(3, seq_width)
+
+    def _table(self, header: bool) -> Table:
+        return Table(
+            Column("time (UTC)", width=18, no_wrap=True),
+            Column("seq", width=self.seq_width, justify="right", no_wrap=True),
+            Column("shard", width=5, overflow="fold"),
+            Column("what", width=22, overflow="fold"),
+            Column("why / detail", overflow="fold"),
+            box=box.SIMPLE_HEAD,
+            show_header=header,
+            show_edge=False,
+            pad_edge=False,
+        )
+
+    def header(self) -> None:
+        self._print(self._table(header=True))
+
+    def _print(self, table: Table) -> None:
+        if self.console.is_terminal:
+            self.console.print(table)
+            return
+        # Off a terminal there are no colours to keep, and the padding rich adds to the
+        # last column would leave trailing blanks on every line of a file.
+        with self.console.capture() as captured:
+            self.console.print(table)
+        self.console.file.write(
+            "".join(line.rstrip() + "\n" for line in captured.get().splitlines())
+        )
+
+    def rows(self, entries: Iterable[Entry], *, header: bool = False) -> None:
+        table = self._table(header)
+        count = 0
+        for entry in entries:
+            shard, what, detail, style = describe(entry, self.config)
+            # Text, not markup: rules and reasons come from the log and may hold brackets.
+            cells = (_time(entry.at_us), str(entry.seq), shard, what, detail)
+            table.add_row(*(Text(cell) for cell in cells), style=style)
+            count += 1
+            if count == TABLE_CHUNK:
+                self._print(table)
+                table, count = self._table(False), 0
+        if count or header:
+            self._print(table)

@@ -1,0 +1,161 @@
+"""The simulated engine: a generation shard that answers like an engine and misbehaves
+on request, run as a Ray actor — the fast default shard of tests and ``simulate``.
+
+Faults are the engine's own failures (a transport error, a data error, a wedge);
+killing and freezing are done from outside with real signals on :meth:`pid`, so what
+the controller sees is what it would see of a real engine's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any, Literal
+
+import ray
+from ray.actor import ActorHandle
+
+from fleetledger.controller.generation_shard import Generation, GenerationRequest, GenerationShard
+from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
+from fleetledger.transports.ray_members import CommunicatorActor
+
+__all__ = [
+    "FAULTS",
+    "Fault",
+    "SimulatedRefitShard",
+    "SimulatedShard",
+    "simulated_shard_factory",
+]
+
+Fault = Literal["none", "fail", "error", "hang"]
+FAULTS: tuple[Fault, ...] = ("none", "fail", "error", "hang")
+
+
+class SimulatedShard(GenerationShard):
+    """A shard whose generation takes ``generation_s`` and can be told to misbehave.
+
+    Faults (``set_fault``): ``fail`` raises a transport error (infrastructure: the
+    adapter should retry elsewhere), ``error`` raises the engine's over-long-prompt
+    ``ValueError`` (data), ``hang`` parks every generation forever while probes still
+    answer (the wedged engine). Killing and freezing are done from outside with real
+    signals on :meth:`pid`.
+    """
+
+    def __init__(self, index: int, *, generation_s: float = 0.01, weight_version: int = 0) -> None:
+        if index < 0:
+            raise ValueError(f"shard index must be >= 0, got {index}")
+        if generation_s < 0:
+            raise ValueError(f"generation_s must be >= 0, got {generation_s}")
+        self._index = index
+        self._generation_s = generation_s
+        self._weight_version = weight_version
+        self._fault: Fault = "none"
+        self._fault_left: int | None = None  # generations the fault still applies to
+        self._served = 0
+
+    # ── the interface ───────────────────────────────────────────────────────
+
+    async def is_alive(self) -> bool:
+        return True
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        fault = self._take_fault()
+        if fault == "hang":
+            await asyncio.Event().wait()  # never set: the wedged engine
+        await asyncio.sleep(self._generation_s)
+        if fault == "fail":
+            raise ConnectionResetError(f"shard {self._index}: engine connection reset")
+        if fault == "error":
+            raise ValueError(
+                f"shard {self._index}: prompt {request.prompt_id} exceeds the maximum context "
+                "length"
+            )
+        self._served += 1
+        text = f"{request.prompt} → shard {self._index} @ v{self._weight_version}"
+        return Generation(
+            prompt_id=request.prompt_id,
+            group_id=request.group_id,
+            shard=self._index,
+            weight_version=self._weight_version,
+            text=text,
+            tokens=request.max_tokens,
+        )
+
+    async def weight_version(self) -> int:
+        return self._weight_version
+
+    async def set_weight_version(self, version: int) -> int:
+        if version < self._weight_version:
+            raise ValueError(
+                f"shard {self._index}: weight version {version} is older than the "
+                f"{self._weight_version} it holds"
+            )
+        self._weight_version = version
+        return version
+
+    # ── the simulation's own controls ───────────────────────────────────────
+
+    async def pid(self) -> int:
+        """The process to signal (SIGKILL, SIGSTOP) in chaos tests."""
+        return os.getpid()
+
+    async def set_fault(self, fault: Fault, times: int | None = None) -> Fault:
+        """Misbehave from now on, or only for the next ``times`` generations."""
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
+        if times is not None and times < 1:
+            raise ValueError(f"times must be >= 1 or None (for good), got {times}")
+        self._fault = fault
+        self._fault_left = times
+        return fault
+
+    def _take_fault(self) -> Fault:
+        fault = self._fault
+        if self._fault_left is not None and fault != "none":
+            self._fault_left -= 1
+            if self._fault_left == 0:
+                self._fault, self._fault_left = "none", None
+        return fault
+
+    async def set_generation_s(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError(f"generation_s must be >= 0, got {seconds}")
+        self._generation_s = seconds
+        return seconds
+
+    async def served(self) -> int:
+        return self._served
+
+
+class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
+    """A simulated engine that is also a member of the refit communicator: killing its
+    process takes its rank with it, as with a real engine's weight-sync worker."""
+
+    async def refit_broadcast(self, version: int) -> dict[str, Any]:
+        received = await super().refit_broadcast(version)
+        await self.set_weight_version(version)  # it now serves from these weights
+        return received
+
+
+def simulated_shard_factory(
+    prefix: str,
+    *,
+    generation_s: float = 0.01,
+    namespace: str | None = None,
+    shard_class: type[SimulatedShard] = SimulatedShard,
+) -> ShardFactory:
+    """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
+
+    ``shard_class`` may add methods (e.g. ``SimulatedRefitShard``'s communicator member).
+    """
+    actor_class = ray.remote(shard_class)
+
+    def create(shard: int) -> ActorHandle:
+        return actor_class.options(
+            name=shard_actor_name(prefix, shard),
+            namespace=namespace,
+            num_cpus=0,
+            max_restarts=0,  # restarts are decisions: the controller records and makes them
+        ).remote(shard, generation_s=generation_s)
+
+    return create

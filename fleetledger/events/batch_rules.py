@@ -1,0 +1,55 @@
+"""What a batch must be before its first row is written: the log's admission rules.
+
+A refused batch leaves the log unchanged, so the rules are checked whole, first:
+
+- a run begins with ``run_started``, and only once;
+- nothing follows ``run_ended``, which must be a batch's last event;
+- every shard an event names is one of the run's (its configuration says how many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fleetledger.events.errors import AppendRejected, UnknownRun
+from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted
+
+
+def check_batch(
+    run: str,
+    batch: Sequence[Event],
+    *,
+    head: tuple[int, bool] | None,
+    config: Callable[[], FleetConfig],
+) -> FleetConfig:
+    """Refuse ``batch`` for ``run`` (whose head is ``(seq, ended)``, None before it
+    starts) with the first rule it breaks; returns the run's configuration."""
+    offset = 0
+    if head is None:
+        first = batch[0]
+        if not isinstance(first, RunStarted):
+            raise UnknownRun(
+                run,
+                f"no run {run!r} in this ledger; a run begins with a run_started event "
+                f"(got {first.type!r})",
+                index=0,
+            )
+        fleet = first.config
+        offset = 1
+    else:
+        head_seq, ended = head
+        if ended:
+            raise AppendRejected(
+                run, f"the run ended at seq {head_seq}; nothing may be appended after it"
+            )
+        fleet = config()
+    for index, event in enumerate(batch[offset:], start=offset):
+        if isinstance(event, RunStarted):
+            raise AppendRejected(run, "the run has already started", index=index)
+        if isinstance(event, RunEnded) and index != len(batch) - 1:
+            raise AppendRejected(run, "run_ended must be the last event", index=index)
+        try:
+            fleet.check_event(event)
+        except ValueError as exc:
+            raise AppendRejected(run, f"{event.type}: {exc}", index=index) from None
+    return fleet

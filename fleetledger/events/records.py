@@ -1,0 +1,54 @@
+"""What the log hands out and takes in, besides events: run summaries, heads, import rows.
+
+Plain frozen records, so a read command can hold a run's head and pass it down without
+holding a connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetledger.events.errors import AppendRejected
+from fleetledger.events.models import FleetConfig
+
+MAX_RUN_ID_LENGTH = 128
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    head_seq: int
+    started_at_us: int
+    last_at_us: int
+    ended: bool
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """A stored event as an export file holds it, kept byte-for-byte on import."""
+
+    seq: int
+    event_id: str
+    at_us: int
+    type: str
+    schema_version: int
+    payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunHead:
+    """What a read command needs to know of a run before it reads: its last event and
+    its configuration, looked up together, once."""
+
+    run: str
+    seq: int
+    at_us: int
+    ended: bool
+    config: FleetConfig
+
+
+def check_run_id(run: str) -> None:
+    if not isinstance(run, str) or not run or len(run) > MAX_RUN_ID_LENGTH or not run.isprintable():
+        raise AppendRejected(
+            str(run), f"a run id must be 1..{MAX_RUN_ID_LENGTH} printable characters"
+        )

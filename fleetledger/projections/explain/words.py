@@ -1,0 +1,217 @@
+"""Event words: what one event says, and the small phrases every explanation shares.
+
+Rules of this file:
+
+- What an event says is data: ``EVENT_WORDS`` maps every event type to the function
+  that puts it in one line, and a test holds it to the event vocabulary (no type
+  missing, none extra). The line says only what the event recorded, never a judgement.
+- The phrases (seq lists, shard lists, counts, durations) are the only way the
+  explanations write those things, so the same fact reads the same everywhere.
+- Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fleetledger.events.models import (
+    ActorDeathConfirmed,
+    CondemnationRefused,
+    Event,
+    FailureCount,
+    FleetExhausted,
+    OutcomeWindowReported,
+    ProbeFailed,
+    ProbeSucceeded,
+    ProgressReported,
+    RefitAborted,
+    RefitCompleted,
+    RefitStarted,
+    ReplacementLoaded,
+    RestartFailed,
+    RestartRequested,
+    RunEnded,
+    RunStarted,
+    ShardRetired,
+    SilentParticipantCondemned,
+    StallDetected,
+    WeightsMarkedPartial,
+)
+
+# How many transitions / findings ``.text`` lists before it summarises the rest
+# (``as_json`` always carries every one).
+TEXT_LIMIT = 12
+
+
+def seq_list(seqs: Sequence[int]) -> str:
+    """A list of seqs as read aloud: 'seq 4', 'seqs 4, 7, 9'."""
+    if len(seqs) == 1:
+        return f"seq {seqs[0]}"
+    return "seqs " + ", ".join(str(s) for s in seqs)
+
+
+def shard_list(shards: Sequence[int]) -> str:
+    """A list of shards as read aloud: 'no shard', 'shard 2', 'shards 0, 1 and 3'."""
+    if not shards:
+        return "no shard"
+    if len(shards) == 1:
+        return f"shard {shards[0]}"
+    return "shards " + ", ".join(str(s) for s in shards[:-1]) + f" and {shards[-1]}"
+
+
+def count_of(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def progress_counts(committed_groups: int, train_steps: int) -> str:
+    """Progress is the pair (committed rollout groups, completed train steps)."""
+    return f"{count_of(committed_groups, 'committed group')}, {count_of(train_steps, 'train step')}"
+
+
+def seconds(delta_us: int) -> str:
+    return f"{delta_us / 1e6:.1f} s"
+
+
+def infra_failures_of(event: OutcomeWindowReported, shard: int) -> list[FailureCount]:
+    """The infra failures ``event`` reported for ``shard``: the only ones a streak counts."""
+    for o in event.outcomes:
+        if o.shard == shard:
+            return [f for f in o.failures if f.category == "infra"]
+    return []
+
+
+# ── what one event says (``shard``: whose part of an adapter window) ─────────────
+
+
+def _probe_succeeded(e: ProbeSucceeded, shard: int | None) -> str:
+    return f"probe of shard {e.shard} answered"
+
+
+def _probe_failed(e: ProbeFailed, shard: int | None) -> str:
+    detail = f": {e.error}" if e.error else ""
+    return f"probe of shard {e.shard} failed ({e.kind}{detail})"
+
+
+def _actor_death(e: ActorDeathConfirmed, shard: int | None) -> str:
+    return f"actor death of shard {e.shard} confirmed by the runtime: " + (e.error or "no detail")
+
+
+def _outcomes(e: OutcomeWindowReported, shard: int | None) -> str:
+    chosen = [o for o in e.outcomes if shard is None or o.shard == shard]
+    if not chosen:
+        return f"adapter {e.adapter} reported nothing about shard {shard}"
+    parts = []
+    for o in chosen:
+        failures = ", ".join(f"{f.category} {f.reason} ×{f.count}" for f in o.failures)
+        parts.append(
+            f"shard {o.shard}: {o.successes} successes"
+            + (f", failures: {failures}" if failures else ", no failures")
+        )
+    return f"adapter {e.adapter} reported " + "; ".join(parts)
+
+
+def _refit_started(e: RefitStarted, shard: int | None) -> str:
+    return f"refit to weight version {e.weight_version} started over {shard_list(e.shards)}"
+
+
+def _refit_completed(e: RefitCompleted, shard: int | None) -> str:
+    return f"refit to weight version {e.weight_version} completed over {shard_list(e.shards)}"
+
+
+def _refit_aborted(e: RefitAborted, shard: int | None) -> str:
+    lost = " (device context lost)" if e.context_lost else ""
+    return f"refit to weight version {e.weight_version} aborted{lost}: {e.reason}"
+
+
+def _partial(e: WeightsMarkedPartial, shard: int | None) -> str:
+    return f"weights marked partial after the refit to weight version {e.weight_version} aborted"
+
+
+def _restart_requested(e: RestartRequested, shard: int | None) -> str:
+    return f"restart of shard {e.shard} requested"
+
+
+def _restart_failed(e: RestartFailed, shard: int | None) -> str:
+    return f"restart of shard {e.shard} failed: {e.error}"
+
+
+def _loaded(e: ReplacementLoaded, shard: int | None) -> str:
+    where = f" at {e.base_url}" if e.base_url else " at the same URL"
+    return f"replacement engine for shard {e.shard} loaded{where}"
+
+
+def _condemned(e: SilentParticipantCondemned, shard: int | None) -> str:
+    return f"shard {e.shard} condemned as the silent participant: {e.reason}"
+
+
+def _retired(e: ShardRetired, shard: int | None) -> str:
+    return f"shard {e.shard} retired: {e.reason}"
+
+
+def _refused(e: CondemnationRefused, shard: int | None) -> str:
+    return f"condemnation refused (suspected: {shard_list(e.suspected)}): {e.reason}"
+
+
+def _progress(e: ProgressReported, shard: int | None) -> str:
+    return (
+        f"progress: {progress_counts(e.committed_groups, e.train_steps)}, {e.in_flight} in flight"
+    )
+
+
+def _stall(e: StallDetected, shard: int | None) -> str:
+    return (
+        f"stall detected: idle {e.idle_s:g} s at "
+        f"{progress_counts(e.committed_groups, e.train_steps)}, "
+        f"{e.in_flight} in flight (action {e.action})"
+    )
+
+
+def _exhausted(e: FleetExhausted, shard: int | None) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in e.counts.items() if v)
+    return (
+        f"fleet exhausted: {e.serving} serving < min_healthy_shards "
+        f"{e.min_healthy_shards} ({counts})"
+    )
+
+
+def _run_ended(e: RunEnded, shard: int | None) -> str:
+    return f"run ended {e.outcome}: {e.cause}"
+
+
+def _run_started(e: RunStarted, shard: int | None) -> str:
+    c = e.config
+    return (
+        f"run started: {c.shard_count} shards × {c.workers_per_shard} workers, "
+        f"{c.train_world_size} trainer ranks"
+    )
+
+
+# Event type → the line that says what it recorded.
+EVENT_WORDS: dict[type[Event], Callable[[Any, int | None], str]] = {
+    RunStarted: _run_started,
+    RunEnded: _run_ended,
+    ProbeSucceeded: _probe_succeeded,
+    ProbeFailed: _probe_failed,
+    ActorDeathConfirmed: _actor_death,
+    OutcomeWindowReported: _outcomes,
+    RefitStarted: _refit_started,
+    RefitCompleted: _refit_completed,
+    RefitAborted: _refit_aborted,
+    WeightsMarkedPartial: _partial,
+    RestartRequested: _restart_requested,
+    RestartFailed: _restart_failed,
+    ReplacementLoaded: _loaded,
+    SilentParticipantCondemned: _condemned,
+    ShardRetired: _retired,
+    CondemnationRefused: _refused,
+    ProgressReported: _progress,
+    StallDetected: _stall,
+    FleetExhausted: _exhausted,
+}
+
+
+def describe_event(event: Event, shard: int | None = None) -> str:
+    """One line saying what ``event`` recorded (about ``shard``, for adapter windows)."""
+    words = EVENT_WORDS.get(type(event))
+    return event.type if words is None else words(event, shard)

@@ -1,0 +1,69 @@
+"""The reads behind an explanation: the view, the history, and the events it cites.
+
+The words are ``projections.explain``'s (pure); this module does the I/O they need:
+the view at ``at`` (nearest snapshot + tail, the same answer ``membership --at``
+gives), the history of the same events in one read (counting probes on the way, for a
+reported streak's span), and the few events the explanation cites, read by seq.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import RecordedEvent
+from fleetledger.events.records import RunHead
+from fleetledger.projections.explain import (
+    ProbeTallies,
+    RunExplanation,
+    ShardExplanation,
+    check_shard,
+    evidence_needed,
+    explain_run,
+    explain_shard,
+)
+from fleetledger.projections.history import replay
+from fleetledger.queries.views import load_view
+
+
+def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted seqs as inclusive ranges, so neighbouring evidence is one read."""
+    ranges: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if ranges and seq == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], seq)
+        else:
+            ranges.append((seq, seq))
+    return ranges
+
+
+def read_evidence(log: EventLog, run: str, seqs: Iterable[int]) -> dict[int, RecordedEvent]:
+    """The events at ``seqs`` of ``run``, by seq."""
+    found: dict[int, RecordedEvent] = {}
+    for first, last in _contiguous(seqs):
+        for recorded in log.read(run, first - 1, last):
+            found[recorded.seq] = recorded
+    return found
+
+
+def explain_from_log(
+    log: EventLog,
+    run: str,
+    shard: int | None = None,
+    at: int | None = None,
+    *,
+    head: RunHead | None = None,
+) -> ShardExplanation | RunExplanation:
+    """Fold, replay and read the evidence for one explanation of ``run`` as of ``at``."""
+    view = load_view(log, run, at, head=head)
+    if shard is not None:
+        check_shard(view, shard)  # before the replay: a typo should not cost a full fold
+    # One pass: the history, and the probe counts a reported streak's explanation cites.
+    tallies = ProbeTallies()
+    entries = list(replay(tallies.watch(log.read(run, 0, view.seq))))
+    wanted = evidence_needed(view, entries, shard)
+    evidence = read_evidence(log, run, wanted.seqs)
+    if shard is None:
+        return explain_run(view, entries, evidence)
+    tally = None if wanted.span is None else tallies.span(shard, *wanted.span)
+    return explain_shard(view, entries, shard, evidence, tally)

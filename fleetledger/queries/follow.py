@@ -1,0 +1,75 @@
+"""Following a live run: fold what other processes append, entry by entry.
+
+Each poll reads only what was appended after the last seq folded, so a quiet run costs
+one short read per poll; the log commits in seq order, so a poll never sees seq n+2
+before n+1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from fleetledger.events.log import EventLog
+from fleetledger.projections.history import EndEntry, Entry, History
+from fleetledger.queries.views import load_view
+
+DEFAULT_POLL_INTERVAL_S = 1.0
+
+
+class Follower:
+    """Follows a live run: folds what other processes append, entry by entry.
+
+    It starts at the run's head (the past is ``replay``'s business) and reads only what
+    was appended after the last seq it folded, so each poll costs one head lookup when
+    nothing happened. The log commits in seq order, so a poll never sees seq n+2
+    before n+1.
+    """
+
+    def __init__(self, log: EventLog, run: str) -> None:
+        self.log = log
+        self.run = run
+        self.history = History(load_view(log, run))
+        self.started_at_seq = self.history.view.seq
+
+    @property
+    def seq(self) -> int:
+        """The last seq folded."""
+        return self.history.view.seq
+
+    @property
+    def ended(self) -> bool:
+        return self.history.view.ended is not None
+
+    def poll(self) -> list[Entry]:
+        """Fold whatever was appended since the last poll; returns its entries."""
+        entries: list[Entry] = []
+        feed = self.history.feed
+        for page in self.log.read_pages(self.run, self.seq):
+            for recorded in page:
+                entries += feed(recorded)
+        return entries
+
+    def follow(
+        self,
+        interval_s: float = DEFAULT_POLL_INTERVAL_S,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> Iterator[Entry]:
+        """Every new entry as it is appended; stops after the run's end entry.
+
+        A run that had already ended when following began yields its end entry at once,
+        so a caller always learns how the run ended.
+        """
+        if interval_s <= 0:
+            raise ValueError(f"the poll interval must be positive, got {interval_s}")
+        view = self.history.view
+        if view.ended is not None:
+            # The end is the run's last event, so the view's time is the end's time.
+            yield EndEntry(view.ended.seq, view.at_us, view.ended.outcome, view.ended.cause)
+            return
+        while True:
+            yield from self.poll()
+            if self.ended:
+                return
+            sleep(interval_s)

@@ -1,0 +1,56 @@
+"""Points in a run as a person names them: a seq, or an ISO 8601 time with a zone.
+
+Times need a zone: the log stamps events in UTC, and a naive "10:25" would mean a
+different moment on every machine that reads it. A time names the last event stamped
+at or before it — "the fleet at 10:25:43" is everything recorded by then, none after.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fleetledger.errors import FleetledgerError
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import us_from_datetime
+from fleetledger.events.records import RunHead
+
+TIME_EXAMPLE = "2026-11-29T10:25:43Z"
+
+
+class PointError(FleetledgerError):
+    """A point that names no moment of the run: not a seq or a time, or a time without
+    a zone."""
+
+
+def parse_time(text: str, option: str, *, or_seq: bool = False) -> int:
+    """An ISO 8601 time with a zone, as stamped microseconds since the epoch (UTC).
+
+    ``or_seq``: the option also takes a seq, and the error says so.
+    """
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        expected = "a seq (an integer) or an ISO 8601 time" if or_seq else "an ISO 8601 time"
+        raise PointError(
+            f"{option} {text!r} is not {expected}; give e.g. "
+            + ("812, " if or_seq else "")
+            + f"{TIME_EXAMPLE} or 2026-11-29T11:25:43+01:00"
+        ) from None
+    if at.tzinfo is None:
+        raise PointError(
+            f"{option} {text!r} has no time zone; give one (e.g. {text.strip()}Z or "
+            f"{text.strip()}+00:00): stored times are UTC, and a naive time means a "
+            "different moment on each machine"
+        )
+    return us_from_datetime(at)
+
+
+def is_seq(text: str) -> bool:
+    return text.strip().removeprefix("-").isdigit()
+
+
+def seq_of_point(log: EventLog, head: RunHead, point: str, option: str) -> int:
+    """``point`` as a seq of the run: an integer is a seq, anything else a time."""
+    if is_seq(point):
+        return int(point)
+    return log.seq_at(head.run, parse_time(point, option, or_seq=True), head=head)

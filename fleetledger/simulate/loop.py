@@ -1,0 +1,243 @@
+"""The simulated training loop: rollouts under the retry policy, a train step, a refit.
+
+Each step runs ``groups_per_step`` groups of ``group_size`` rollouts through the
+least-outstanding selector; a failed attempt is recorded before the retry re-selects
+(with an idle fleet the selector would otherwise re-pick the same lowest-index shard);
+the trainer steps on the rows; the refit coordinator pushes the new weights to every
+shard that is not absent, recovering a failed push. Chaos lands halfway through one
+generation time of its step, so a kill hits a shard that is serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+
+from fleetledger.controller.deadlines import RolloutDeadlines
+from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
+from fleetledger.controller.fleet_controller import TrainingProgress
+from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.controller.outcome_reporter import OutcomeWindow
+from fleetledger.controller.ray_fleet import actor_death_of, local_ray
+from fleetledger.controller.refit_recovery import RunFailed
+from fleetledger.controller.retry_policy import (
+    Attempt,
+    PromptSkipped,
+    RetryPolicy,
+    RolloutAbandoned,
+    RolloutCounters,
+    gather_cancelling_siblings,
+    run_rollout,
+)
+from fleetledger.events.errors import LedgerError
+from fleetledger.events.log import EventLog
+from fleetledger.simulate.spec import SimulationResult, SimulationSpec
+from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
+
+ADAPTER = "simulate.rollouts"
+
+_log = structlog.get_logger("fleetledger.simulate")
+
+
+def _reward(generation: Generation) -> float:
+    return (sum(map(ord, generation.text)) % 97) / 96.0
+
+
+class Simulation:
+    """One simulated run: the loop's own state, and the wiring it drives."""
+
+    def __init__(self, spec: SimulationSpec, echo: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.echo = echo
+        self.counters = RolloutCounters()
+        self.policy = RetryPolicy.from_config(spec.config.rollout_failure)
+        t = spec.config.timeouts
+        self.deadlines = RolloutDeadlines(
+            stream_s=t.rollout_timeout_s,
+            generation_s=t.generation_timeout_s,
+            environment_s=t.env_timeout_s,
+        )
+        self.window = OutcomeWindow()
+        self.train_steps = 0
+        self.committed_groups = 0
+        self.halted = threading.Event()
+        self.step_task: asyncio.Future[None] | None = None
+        self.event_loop: asyncio.AbstractEventLoop | None = None
+        self.w: Wiring  # set by run() before the controller starts
+
+    # ── the rollout path ───────────────────────────────────────────────────
+
+    async def generate(self, attempt: Attempt[int]) -> Generation:
+        request = GenerationRequest(
+            prompt_id=str(attempt.prompt_id), group_id=attempt.group_id, prompt="2+2="
+        )
+        ledger = self.w.ledger
+        incarnation = ledger.membership.restart_attempts[attempt.shard]
+        try:
+            async with self.deadlines.generation():
+                result = await self.w.fleet.generate(attempt.shard, request)
+        except Exception as exc:
+            try:
+                if ledger.membership.restart_attempts[attempt.shard] == incarnation:
+                    self.report_failure(attempt.shard, exc)
+                # else: the actor that failed was replaced meanwhile; reporting its
+                # failure now would condemn the replacement.
+            except LedgerError as problem:
+                # The rollout's own failure must keep its classification (infra): a
+                # ledger hiccup raised from here would be classified as data instead.
+                _log.error(
+                    "rollout failure not recorded", shard=attempt.shard, problem=str(problem)
+                )
+            raise
+        self.window.success(attempt.shard)
+        return result
+
+    def report_failure(self, shard: int, exc: BaseException) -> None:
+        """Record what this attempt learned before the retry re-selects a shard."""
+        death = actor_death_of(exc)
+        if death is not None:
+            self.flush_window()
+            self.w.ledger.actor_died(shard, death)
+            return
+        if classify_exception(exc).kind is FailureKind.INFRA:
+            self.window.failure(shard, exc)
+            self.flush_window()
+
+    def flush_window(self) -> None:
+        outcomes = self.window.take()
+        if outcomes:
+            self.w.ledger.report_outcomes(ADAPTER, outcomes)
+
+    async def group(self, step: int, index: int) -> list[float]:
+        prompts = [f"s{step}-g{index}-p{k}" for k in range(self.spec.group_size)]
+        generations = await gather_cancelling_siblings(
+            *(
+                run_rollout(
+                    self.generate,
+                    select_shard=self.w.selector.acquire,
+                    policy=self.policy,
+                    counters=self.counters,
+                    prompt_id=prompt,
+                )
+                for prompt in prompts
+            )
+        )
+        self.committed_groups += 1
+        return [_reward(g) for g in generations]
+
+    # ── one step ───────────────────────────────────────────────────────────
+
+    async def step(self, step: int) -> None:
+        loop = asyncio.get_running_loop()
+        for chaos in self.spec.chaos:
+            if chaos.step == step:
+                loop.call_later(self.spec.generation_s / 2, self.w.chaos.inject, chaos)
+        rows: list[float] = []
+        for result in await asyncio.gather(
+            *(self.group(step, g) for g in range(self.spec.groups_per_step)),
+            return_exceptions=True,
+        ):
+            if isinstance(result, PromptSkipped):
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            rows += result
+        self.flush_window()
+        version: int = await self.w.trainer.step.remote(rows)
+        self.train_steps += 1
+        # Pushed to every shard that is not absent; a failed push is recovered.
+        await asyncio.to_thread(self.w.coordinator.refit, version)
+
+    # ── the whole run ──────────────────────────────────────────────────────
+
+    def progress(self) -> TrainingProgress:
+        return TrainingProgress(
+            committed_groups=self.committed_groups,
+            train_steps=self.train_steps,
+            in_flight=self.w.selector.total_in_flight,
+            work_remains=self.train_steps < self.spec.steps,
+        )
+
+    def halt(self, _cause: str) -> None:
+        """The controller ended the run (stall abort, exhaustion): stop the step now.
+
+        Called from the watchdog's thread; a step parked on hung generations would
+        otherwise never look at the flag. Cancelling drains the step's rollouts.
+        """
+        self.halted.set()
+        task, loop = self.step_task, self.event_loop
+        if task is not None and loop is not None:
+            loop.call_soon_threadsafe(task.cancel)
+
+    async def loop(self) -> tuple[str, str]:
+        self.event_loop = asyncio.get_running_loop()
+        ledger = self.w.ledger
+        for step in range(1, self.spec.steps + 1):
+            if self.halted.is_set():
+                break
+            self.step_task = asyncio.ensure_future(self.step(step))
+            try:
+                await self.step_task
+            except RolloutAbandoned as exc:
+                return "failed", self.w.controller.end_run_failed(str(exc))
+            except RunFailed as exc:  # the refit could not be recovered; the run is ended
+                return "failed", str(exc)
+            except asyncio.CancelledError:
+                if not self.halted.is_set():
+                    raise
+                break
+            finally:
+                self.step_task = None
+            m = ledger.membership
+            snapshot = self.counters.snapshot()
+            redispatched = sum(snapshot["redispatched"].values())  # type: ignore[union-attr]
+            self.echo(
+                f"step {step}/{self.spec.steps}  weights v{self.train_steps}  "
+                f"serving {list(m.serving)}  absent {list(m.absent)}  epoch {m.epoch}  "
+                f"groups {self.committed_groups}  re-dispatched {redispatched}"
+            )
+        ledger.catch_up()
+        ended = ledger.view.ended
+        if ended is not None:
+            return ended.outcome, ended.cause
+        ledger.end_run("completed", f"{self.train_steps} of {self.spec.steps} steps done")
+        return "completed", f"{self.train_steps} of {self.spec.steps} steps done"
+
+    def run(self, log: EventLog) -> SimulationResult:
+        spec = self.spec
+        run = spec.run or (
+            f"sim-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        )
+        hooks = LoopHooks(self.progress, self.counters.snapshot, self.halt)
+        with local_ray():
+            self.w = wire(spec, log, run, hooks, self.echo)
+            try:
+                self.w.controller.start()
+                outcome, cause = asyncio.run(self.loop())
+            except KeyboardInterrupt:
+                self.w.end_if_open("aborted", "interrupted (SIGINT) during the simulation")
+                raise
+            except Exception as exc:
+                self.w.end_if_open("failed", f"simulation failed: {type(exc).__name__}: {exc}")
+                raise
+            finally:
+                self.w.close()
+        return SimulationResult(run, outcome, cause, self.train_steps, self.counters.snapshot())
+
+
+def run_simulation(
+    log: EventLog, spec: SimulationSpec, echo: Callable[[str], None] = print
+) -> SimulationResult:
+    """Run the simulated training loop of ``spec``, recording everything in ``log``."""
+    started = time.monotonic()
+    result = Simulation(spec, echo).run(log)
+    echo(
+        f"run {result.run} {result.outcome} after {time.monotonic() - started:.1f}s: {result.cause}"
+    )
+    return result

@@ -1,0 +1,116 @@
+"""What a simulated run is asked to be: its shape, its clocks, and the chaos to inject.
+
+Validated when built, so a typo on the command line is one line naming the option, not
+a run that starts and then does nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fleetledger.controller.config import ControllerConfig
+from fleetledger.events.models import shard_outside
+
+ChaosAction = Literal["kill", "freeze", "wedge", "blip"]
+CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip")
+
+
+@dataclass(frozen=True, slots=True)
+class Chaos:
+    """One fault to inject: ``action`` on ``shard`` during ``step`` (1-based).
+
+    ``kill`` SIGKILLs the shard's process, ``freeze`` SIGSTOPs it, ``wedge`` makes every
+    later generation hang while probes still answer, ``blip`` fails its next generation
+    once with a transport error.
+    """
+
+    action: ChaosAction
+    shard: int
+    step: int
+
+
+_CHAOS = re.compile(r"^\s*(\d+)\s*@\s*(\d+)\s*$")
+
+
+def parse_chaos(action: ChaosAction, spec: str) -> Chaos:
+    """Parse ``SHARD@STEP`` (e.g. ``2@5``: shard 2 during step 5)."""
+    match = _CHAOS.match(spec)
+    if match is None:
+        raise ValueError(f"--{action} {spec!r}: expected SHARD@STEP, e.g. 2@5")
+    return Chaos(action, int(match.group(1)), int(match.group(2)))
+
+
+def simulation_config(
+    *,
+    probe_interval_s: float = 0.5,
+    probe_timeout_s: float = 0.25,
+    restart_dead_shards: bool = False,
+    generation_timeout_s: float | None = 5.0,
+    min_healthy_shards: int = 1,
+    stall_timeout_s: float = 60.0,
+    stall_action: Literal["warn", "abort"] = "warn",
+) -> ControllerConfig:
+    """The controller configuration of a simulated run: fleet health on, short clocks."""
+    return ControllerConfig.model_validate(
+        {
+            "fleet_health": {
+                "enabled": True,
+                "probe_interval_s": probe_interval_s,
+                "probe_timeout_s": probe_timeout_s,
+                "restart_dead_shards": restart_dead_shards,
+                "min_healthy_shards": min_healthy_shards,
+            },
+            "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 1.0},
+            "timeouts": {"generation_timeout_s": generation_timeout_s},
+            "watchdog": {
+                "interval_s": 0.5,
+                "stall_timeout_s": stall_timeout_s,
+                "stall_action": stall_action,
+            },
+            "refit": {"refit_timeout_s": 2.0, "grace_s": 1.0},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    shards: int = 4
+    steps: int = 5
+    groups_per_step: int = 4
+    group_size: int = 4
+    generation_s: float = 0.05
+    train_s: float = 0.05
+    chaos: tuple[Chaos, ...] = ()
+    config: ControllerConfig = field(default_factory=simulation_config)
+    run: str | None = None
+    metrics_port: int | None = None
+    weights_bytes: int = 4_000_000
+
+    def __post_init__(self) -> None:
+        for name in ("shards", "steps", "groups_per_step", "group_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("generation_s", "train_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.weights_bytes < 1024:
+            raise ValueError(f"weights must be at least 1 KB, got {self.weights_bytes} bytes")
+        for c in self.chaos:
+            problem = shard_outside(c.shard, self.shards)
+            if problem is not None:
+                raise ValueError(f"--{c.action} {c.shard}@{c.step}: {problem}")
+            if not 1 <= c.step <= self.steps:
+                raise ValueError(
+                    f"--{c.action} {c.shard}@{c.step}: step {c.step} is outside 1..{self.steps}"
+                )
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    run: str
+    outcome: str
+    cause: str
+    steps_done: int
+    counters: dict[str, object]

@@ -1,0 +1,183 @@
+"""The composition root of ``fleetledger simulate``: every part of a live run, wired once.
+
+The controller never imports a transport or an engine (the layering); this is where
+they meet. :func:`wire` builds the whole run in one place, in the order the failure
+stories ask for: the fleet comes up before the run is recorded (a cluster that cannot
+start leaves no half-begun run behind); once the run is recorded, every way out ends it
+with a cause. What it built is torn down by :meth:`Wiring.close`, also when building
+failed half-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
+from typing import Literal
+
+import ray
+from ray.actor import ActorHandle
+
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.ray_fleet import RayShardFleet, shard_actor_name
+from fleetledger.controller.refit_recovery import RefitCoordinator
+from fleetledger.controller.shard_selector import ShardSelector
+from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_factory
+from fleetledger.events.log import EventLog
+from fleetledger.simulate.chaos import ChaosInjector
+from fleetledger.simulate.spec import SimulationSpec
+from fleetledger.simulate.trainer import FleetSynchronizer, SimulatedTrainer, WeightsSpec
+
+# A refit without a configured deadline still needs a bound here: the simulation's
+# transport waits that long for a frozen peer before the recovery can start.
+UNBOUNDED_REFIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class LoopHooks:
+    """What the controller asks of the training loop it watches."""
+
+    progress: Callable[[], TrainingProgress]
+    rollouts: Callable[[], Mapping[str, object]]
+    on_halt: Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Wiring:
+    run: str
+    log: EventLog
+    ledger: Ledger
+    fleet: RayShardFleet
+    trainer: ActorHandle
+    weights_spec: WeightsSpec
+    sync: FleetSynchronizer
+    selector: ShardSelector
+    controller: FleetController
+    coordinator: RefitCoordinator
+    chaos: ChaosInjector
+    metrics_server: ThreadingHTTPServer | None
+    _teardown: ExitStack
+
+    def end_if_open(self, outcome: Literal["failed", "aborted"], cause: str) -> None:
+        end_if_open(self.ledger, outcome, cause)
+
+    def close(self) -> None:
+        """Stop the controller, then the servers, thaw frozen shards, free the actors."""
+        self._teardown.close()
+
+
+def end_if_open(ledger: Ledger, outcome: Literal["failed", "aborted"], cause: str) -> None:
+    with ledger.lock:
+        ledger.catch_up()
+        if ledger.view.ended is None:
+            ledger.end_run(outcome, cause[:4096])
+
+
+def wire(
+    spec: SimulationSpec, log: EventLog, run: str, hooks: LoopHooks, echo: Callable[[str], None]
+) -> Wiring:
+    """Bring up the fleet, record the run, and build everything that drives it.
+
+    Runs inside a Ray cluster (``local_ray``). The controller is built, not started:
+    the caller starts it once it holds the wiring its hooks read.
+    """
+    prefix = f"fleetledger-{run}"
+    fleet_config = spec.config.fleet_config(
+        shard_count=spec.shards,
+        train_world_size=1,
+        base_urls=[f"ray://{shard_actor_name(prefix, i)}" for i in range(spec.shards)],
+    )
+    with ExitStack() as teardown:
+        fleet = RayShardFleet.spawn(
+            spec.shards,
+            simulated_shard_factory(
+                prefix, generation_s=spec.generation_s, shard_class=SimulatedRefitShard
+            ),
+        )
+        teardown.callback(fleet.shutdown)
+        ledger = Ledger.start(log, run, fleet_config)
+        echo(f"run {run}: {spec.shards} shards, {spec.steps} steps → {log.database.display_url}")
+        # From here on the run is recorded: every way out ends it with a cause.
+        try:
+            wiring = _drive(spec, log, run, ledger, fleet, hooks, echo, teardown)
+        except KeyboardInterrupt:
+            end_if_open(ledger, "aborted", "interrupted (SIGINT) while starting the simulation")
+            raise
+        except Exception as exc:
+            end_if_open(ledger, "failed", f"simulation failed: {type(exc).__name__}: {exc}")
+            raise
+        return wiring  # it holds the teardown now: the stack left here is empty
+
+
+def _drive(
+    spec: SimulationSpec,
+    log: EventLog,
+    run: str,
+    ledger: Ledger,
+    fleet: RayShardFleet,
+    hooks: LoopHooks,
+    echo: Callable[[str], None],
+    teardown: ExitStack,
+) -> Wiring:
+    trainer = (
+        ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.weights_bytes, spec.train_s)
+    )
+    teardown.callback(ray.kill, trainer)
+    weights_spec: WeightsSpec = ray.get(trainer.spec.remote(), timeout=120)
+    ray.get(
+        [fleet.handle(s).refit_allocate.remote(weights_spec) for s in range(spec.shards)],
+        timeout=120,
+    )
+    refit = spec.config.refit
+    refit_timeout_s = refit.refit_timeout_s or UNBOUNDED_REFIT_S
+    sync = FleetSynchronizer(
+        fleet,
+        trainer,
+        weights_spec,
+        refit_timeout_s=refit_timeout_s,
+        grace_s=refit.grace_s,
+        settle_s=refit_timeout_s + refit.grace_s,
+    )
+    chaos = ChaosInjector(ledger, fleet, echo)
+    teardown.callback(chaos.thaw)  # runs before the fleet is shut down (stack order)
+    controller = FleetController(
+        ledger,
+        fleet,
+        spec.config,
+        progress=hooks.progress,
+        rollouts=hooks.rollouts,
+        on_halt=hooks.on_halt,
+    )
+    server = None
+    if spec.metrics_port is not None:
+        server, _ = controller.metrics.serve(spec.metrics_port)
+        teardown.callback(server.server_close)
+        teardown.callback(server.shutdown)
+        echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
+    teardown.callback(controller.stop)  # first out: nothing probes a fleet being freed
+    coordinator = RefitCoordinator(
+        ledger,
+        sync,
+        fleet,
+        refit_timeout_s=refit_timeout_s,
+        grace_s=refit.grace_s,
+        probe_timeout_s=spec.config.fleet_health.probe_timeout_s,
+        recovering=controller.watchdog.recovering,
+    )
+    return Wiring(
+        run=run,
+        log=log,
+        ledger=ledger,
+        fleet=fleet,
+        trainer=trainer,
+        weights_spec=weights_spec,
+        sync=sync,
+        selector=ShardSelector.for_ledger(ledger),
+        controller=controller,
+        coordinator=coordinator,
+        chaos=chaos,
+        metrics_server=server,
+        _teardown=teardown.pop_all(),
+    )

@@ -1,0 +1,179 @@
+"""The package's shape: which part may import which, no cycle between parts, small modules,
+and read-only commands that never load the controller.
+
+The table is the design's layering table. Every import counts — at module level, inside
+a function, under ``TYPE_CHECKING`` — because a lazy import against the table is the
+same dependency, only discovered later.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "fleetledger"
+MAX_MODULE_LINES = 600
+
+BELOW_CLI = frozenset(
+    {
+        "errors",
+        "logs",
+        "events",
+        "projections",
+        "weight_sync",
+        "queries",
+        "controller",
+        "transports",
+        "engines",
+    }
+)
+# part -> the parts it may import (``errors`` may be imported from anywhere).
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "errors": frozenset(),
+    "logs": frozenset(),  # structlog set-up: imports nothing of ours
+    "events": frozenset(),
+    "projections": frozenset({"events"}),
+    "weight_sync": frozenset({"events", "projections"}),
+    "queries": frozenset({"events", "projections"}),
+    "controller": frozenset({"events", "projections", "queries", "weight_sync"}),
+    "transports": frozenset({"events", "projections", "weight_sync"}),
+    "engines": frozenset({"controller", "transports", "weight_sync", "projections", "events"}),
+    "simulate": BELOW_CLI,
+    "cli": BELOW_CLI | {"simulate"},
+    "migrations": frozenset({"events"}),
+}
+
+
+def part_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py")
+
+
+def modules() -> list[Path]:
+    return sorted(
+        p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
+    )
+
+
+def imported_parts(path: Path) -> set[str]:
+    """The parts of ``fleetledger`` that the module at ``path`` imports, anywhere in it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative imports are not used in this package
+                names = ["fleetledger.<relative>"]
+            elif node.module:
+                names = [node.module]
+                if node.module == "fleetledger":
+                    names = [f"fleetledger.{alias.name}" for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "fleetledger" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_part_of_the_package_is_in_the_layering_table():
+    parts = {part_of(p) for p in modules()}
+    assert parts - {"__init__"} <= set(MAY_IMPORT), sorted(parts - set(MAY_IMPORT))
+
+
+def test_no_module_imports_against_the_layering_table():
+    violations = []
+    for path in modules():
+        part = part_of(path)
+        allowed = MAY_IMPORT.get(part, frozenset()) | {part, "errors"}
+        for imported in sorted(imported_parts(path) - allowed):
+            violations.append(f"{path.relative_to(PACKAGE.parent)} ({part}) imports {imported}")
+    assert violations == []
+
+
+def test_there_is_no_cycle_between_parts():
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        part = part_of(path)
+        graph.setdefault(part, set()).update(imported_parts(path) - {part})
+    state: dict[str, str] = {}
+    cycle: list[str] = []
+
+    def visit(node: str, trail: list[str]) -> bool:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycle.extend([*trail, node, nxt])
+                return True
+            if nxt not in state and visit(nxt, [*trail, node]):
+                return True
+        state[node] = "done"
+        return False
+
+    for node in sorted(graph):
+        if node not in state and visit(node, []):
+            break
+    assert cycle == [], " → ".join(cycle)
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in modules()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_no_module_docstring_cites_an_issue_or_a_document_outside_the_repository():
+    offenders = []
+    for path in modules():
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        text = path.read_text(encoding="utf-8")
+        for needle in ("REFERENCE §", "MACHINE-NOTES", "DESIGN rule", "shared/seed"):
+            if needle in text:
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}: {needle}")
+        lowered = doc.lower()
+        if "issue " in lowered and any(ch.isdigit() for ch in lowered.split("issue ", 1)[1][:3]):
+            offenders.append(f"{path.relative_to(PACKAGE.parent)}: an issue number")
+    assert offenders == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "some-run"],
+        ["explain", "some-run"],
+        ["membership", "some-run"],
+        ["runs"],
+        ["watch", "some-run"],
+        ["export", "some-run"],
+        ["timeline", "some-run", "-o", "x.html"],
+    ],
+)
+def test_read_commands_never_load_the_controller(argv, tmp_path):
+    """A read command answers from the log through ``queries``: it loads neither the
+    imperative shell, nor a transport, nor Ray. (The run does not exist: the command
+    fails after the imports it needs, which is what is measured.)"""
+    script = (
+        "import sys\n"
+        "from fleetledger.cli import main\n"
+        f"sys.argv = ['fleetledger', *{argv!r}, '--db', 'sqlite:///{tmp_path}/l.db']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[:2] in (\n"
+        "    ['fleetledger', 'controller'], ['fleetledger', 'transports'],\n"
+        "    ['fleetledger', 'simulate'], ['fleetledger', 'engines']) or m == 'ray')\n"
+        "print('LOADED', loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert "LOADED []" in done.stdout, done.stdout + done.stderr
