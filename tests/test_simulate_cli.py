@@ -61,7 +61,7 @@ def test_simulate_json_prints_one_clean_document(sqlite_url):
     ("args", "message"),
     [
         (["--kill", "2"], "--kill '2': expected SHARD@STEP, e.g. 2@5"),
-        (["--kill", "9@1"], "shard 9 does not exist (shards 0..3)"),
+        (["--kill", "9@1"], "--kill 9@1: shard 9 is out of range: this run has shard_count=4"),
         (["--freeze", "1@99"], "step 99 is outside 1..5"),
         (["--probe-timeout", "1", "--probe-interval", "0.5"], "probe_timeout_s"),
         (["--shards", "0"], "shards must be >= 1"),
