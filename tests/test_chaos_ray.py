@@ -8,6 +8,7 @@ bench/bench_controller.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import select
@@ -20,11 +21,16 @@ from collections.abc import Iterator
 import pytest
 
 from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import DeadlineExpired
+from fleetledger.controller.failure_taxonomy import (
+    DeadlineExpired,
+    GenerationUnavailable,
+    RolloutDataFailure,
+)
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.controller.generation_shard import Generation, GenerationRequest
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.controller.retry_policy import RetryPolicy, RolloutCounters, run_rollout
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import fold_with_transitions
@@ -42,7 +48,10 @@ pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402 - needs Ray
-from fleetledger.engines.simulated import simulated_shard_factory  # noqa: E402 - needs Ray
+from fleetledger.engines.simulated import (  # noqa: E402 - needs Ray
+    SimulatedShard,
+    simulated_shard_factory,
+)
 
 
 @pytest.fixture
@@ -468,3 +477,52 @@ def test_a_stall_is_recorded_and_abort_ends_the_run_with_its_cause(log):
     assert result.counters["cancelled"] >= 1
     view = load_view(log, result.run)
     assert view.serving == (0, 1)  # wedged engines answer probes: nobody was condemned
+
+
+# ── the generation call site: across the boundary, the engine's own errors ───────────
+
+
+class EngineDeadError(Exception):
+    """Stands for vLLM's own: an engine core that died under a live actor."""
+
+
+class DeadEngineShard(SimulatedShard):
+    """Shard 0's engine is dead under its live actor: every generation raises."""
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        if self._index == 0:
+            raise EngineDeadError("EngineCore encountered an issue")
+        return await super().generate(request)
+
+
+def test_an_engine_error_across_the_boundary_is_redispatched_to_another_shard(ray_cluster, request):
+    prefix = f"boundary-{os.getpid()}"
+    fleet = RayShardFleet.spawn(
+        2, simulated_shard_factory(prefix, generation_s=0.0, shard_class=DeadEngineShard)
+    )
+    try:
+        prompt = GenerationRequest(prompt_id="p", group_id="g", prompt="2+2=")
+        with pytest.raises(GenerationUnavailable) as raised:
+            asyncio.run(fleet.generate(0, prompt))
+        assert raised.value.reason == "remote:EngineDeadError" and raised.value.shard == 0
+
+        order = iter([0, 1])
+        counters = RolloutCounters()
+        result = asyncio.run(
+            run_rollout(
+                lambda attempt: fleet.generate(attempt.shard, prompt),
+                select_shard=lambda: contextlib.nullcontext(next(order)),
+                policy=RetryPolicy(backoff_base_s=0.0, max_backoff_s=0.0),
+                counters=counters,
+            )
+        )
+        assert result.shard == 1
+        assert counters.redispatched == {"remote:EngineDeadError": 1}
+
+        # An explicit data failure crosses the boundary as data: not re-dispatched.
+        ray.get(fleet.handle(1).set_fault.remote("error"), timeout=30)
+        with pytest.raises(RolloutDataFailure) as data:
+            asyncio.run(fleet.generate(1, prompt))
+        assert data.value.reason == "context_length"
+    finally:
+        fleet.shutdown()

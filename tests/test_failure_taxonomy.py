@@ -9,9 +9,11 @@ too, when the library happens to be importable).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -25,7 +27,9 @@ from fleetledger.controller.failure_taxonomy import (
     RolloutDataFailure,
     cause_chain,
     classify_exception,
+    classify_generation_failure,
     classify_http_status,
+    register_failure_type,
     wrap_generation_failure,
 )
 
@@ -402,3 +406,189 @@ def test_real_aiohttp_error_types() -> None:
     info = SimpleNamespace(real_url="http://engine/v1/chat/completions")
     response_error = aiohttp.ClientResponseError(info, (), status=400, message=VLLM_CONTEXT_LENGTH)
     _expect(response_error, DATA, "context_length")
+
+
+# --- classification never raises -----------------------------------------------------------
+
+
+def test_an_aiohttp_response_error_without_request_info_is_classified_by_its_status() -> None:
+    aiohttp = pytest.importorskip("aiohttp")
+    # As adapters and tests build them: no request information, so str() itself raises.
+    bare = aiohttp.ClientResponseError(None, (), status=503, message="engine overloaded")
+    with pytest.raises(AttributeError):
+        str(bare)
+    _expect(bare, INFRA, "http_503")
+    context = aiohttp.ClientResponseError(None, (), status=400, message=VLLM_CONTEXT_LENGTH)
+    _expect(context, DATA, "context_length")
+    wrapped = wrap_generation_failure(bare, shard=1)
+    assert isinstance(wrapped, GenerationUnavailable) and "ClientResponseError" in str(wrapped)
+
+
+def test_an_aiohttp_response_error_without_request_info_is_retried_elsewhere() -> None:
+    aiohttp = pytest.importorskip("aiohttp")
+    from fleetledger.controller.retry_policy import RetryPolicy, RolloutCounters, run_rollout
+
+    shards = iter(range(10))
+    seen: list[int] = []
+
+    async def generate(attempt: object) -> str:
+        seen.append(attempt.shard)  # type: ignore[attr-defined]
+        if len(seen) == 1:
+            raise aiohttp.ClientResponseError(None, (), status=502, message="bad gateway")
+        return "ok"
+
+    async def no_wait(_seconds: float) -> None:
+        return None
+
+    counters = RolloutCounters()
+    result = asyncio.run(
+        run_rollout(
+            generate,
+            select_shard=lambda: contextlib.nullcontext(next(shards)),
+            policy=RetryPolicy(),
+            counters=counters,
+            sleep=no_wait,
+        )
+    )
+    assert result == "ok" and seen == [0, 1] and counters.redispatched == {"http_502": 1}
+
+
+class Hostile(Exception):
+    """Every way of reading it fails: its text, its attributes."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+    def __getattribute__(self, name: str) -> object:
+        if name in ("message", "status", "status_code", "reason", "cause"):
+            raise RuntimeError(f"no {name} for you")
+        return super().__getattribute__(name)
+
+
+def test_classification_never_raises_on_a_hostile_exception() -> None:
+    verdict = classify_exception(Hostile())
+    assert verdict.kind is DATA and verdict.reason.endswith("Hostile")
+    response = ClientResponseError(503)
+    response.__cause__ = Hostile()
+    assert classify_exception(response).kind is INFRA
+    assert "text cannot be read" in str(wrap_generation_failure(Hostile()))
+
+
+# --- Ray's RPC layer, aiohttp by class and by name --------------------------------------------
+
+
+def test_ray_rpc_errors_are_infrastructure() -> None:
+    _expect(_fake("ray.exceptions", "RpcError", RayError)(), INFRA, "rpc")
+    exceptions = pytest.importorskip("ray.exceptions")
+    _expect(exceptions.RpcError("unavailable"), INFRA, "rpc")
+
+
+def test_aiohttp_connection_errors_by_class_when_the_library_is_loaded() -> None:
+    aiohttp = pytest.importorskip("aiohttp")
+    _expect(
+        aiohttp.ClientConnectorError(
+            SimpleNamespace(ssl=None, host="h", port=1), OSError(111, "refused")
+        ),
+        INFRA,
+        "connection",
+    )
+    _expect(aiohttp.ServerDisconnectedError(), INFRA, "connection")
+
+    # A subclass defined outside aiohttp, re-exported under another module name: its MRO
+    # still holds aiohttp's class, and the class check finds it either way.
+    class AdapterDisconnect(aiohttp.ClientConnectionError):
+        __module__ = "myadapter.errors"
+
+    _expect(AdapterDisconnect(), INFRA, "connection")
+
+
+def test_aiohttp_connection_errors_by_qualified_name_without_the_library() -> None:
+    # The fakes live in modules named aiohttp.client_exceptions: no aiohttp class needed.
+    _expect(ClientConnectorError(), INFRA, "connection")
+    _expect(ServerDisconnectedError(), INFRA, "connection")
+    renamed = _fake("aiohttp", "ClientConnectorError", Exception)
+    _expect(renamed(), INFRA, "connection")
+
+
+# --- the embedder's own types ------------------------------------------------------------------
+
+
+HttpxConnectError = _fake("httpx", "ConnectError")
+EngineDeadError = _fake("vllm.v1.engine.exceptions", "EngineDeadError")
+
+
+def test_a_registered_type_is_classified_on_its_side_and_can_be_removed() -> None:
+    _expect(HttpxConnectError(), DATA, "unknown:ConnectError")
+    remove = register_failure_type("httpx.ConnectError", INFRA, "httpx_connect")
+    try:
+        _expect(HttpxConnectError(), INFRA, "httpx_connect")
+        _expect(_fake("httpx", "Sub", HttpxConnectError)(), INFRA, "httpx_connect")
+    finally:
+        remove()
+    _expect(HttpxConnectError(), DATA, "unknown:ConnectError")
+
+
+def test_a_registered_class_overrides_a_built_in_row_but_not_an_explicit_data_failure() -> None:
+    remove = register_failure_type(ConnectionResetError, DATA, "poisoned_prompt")
+    try:
+        _expect(ConnectionResetError(), DATA, "poisoned_prompt")
+        remove_infra = register_failure_type(EngineDeadError, INFRA, "engine_dead")
+        try:
+            explicit = RolloutDataFailure("prompt too long", reason="context_length")
+            explicit.__cause__ = EngineDeadError()
+            _expect(explicit, DATA, "context_length")
+        finally:
+            remove_infra()
+    finally:
+        remove()
+    _expect(ConnectionResetError(), INFRA, "connection")
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (("httpx", INFRA, "x"), "give a class or 'package.ClassName'"),
+        (("httpx.ConnectError", FailureKind.CANCELLED, "x"), "cancellation"),
+        (("httpx.ConnectError", INFRA, ""), "needs a reason"),
+    ],
+)
+def test_a_bad_registration_is_refused(args: tuple[Any, ...], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        register_failure_type(*args)
+
+
+# --- the generation call site: the boundary decides -------------------------------------------
+
+
+def _across_the_boundary(cause: BaseException) -> BaseException:
+    exceptions = pytest.importorskip("ray.exceptions")
+    error = exceptions.RayTaskError(
+        "generate", "Traceback", cause, proctitle="t", pid=1, ip="127.0.0.1"
+    )
+    return error.as_instanceof_cause()
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [EngineDeadError(), ValueError("CUDA out of memory"), Unrecognised("never seen"), KeyError()],
+    ids=["engine_dead", "value_error", "unknown", "key_error"],
+)
+def test_an_engine_error_across_the_boundary_is_infrastructure(cause: BaseException) -> None:
+    remote = _across_the_boundary(cause)
+    assert classify_exception(remote).kind is DATA  # off the call site: the old rule
+    verdict = classify_generation_failure(remote)
+    assert verdict == Classification(INFRA, f"remote:{type(cause).__name__}")
+    assert isinstance(wrap_generation_failure(remote), GenerationUnavailable)
+
+
+def test_an_explicit_data_failure_across_the_boundary_stays_data() -> None:
+    remote = _across_the_boundary(RolloutDataFailure("too long", reason="context_length"))
+    assert classify_generation_failure(remote) == Classification(DATA, "context_length")
+    assert isinstance(wrap_generation_failure(remote), RolloutDataFailure)
+
+
+def test_without_a_boundary_the_generation_site_classifies_as_everywhere() -> None:
+    assert classify_generation_failure(ValueError("x")) == Classification(DATA, "value_error")
+    assert classify_generation_failure(ConnectionResetError()) == Classification(
+        INFRA, "connection"
+    )

@@ -197,12 +197,12 @@ def test_a_restarted_shard_rejoins_the_next_refit_and_serves_at_the_new_version(
     assert _checksums(fleet, (0, 1, 2)) == {expected}
 
 
-class _RemoteTaskError(Exception):
-    """The shape of a Ray task error: the remote exception as ``.cause``, no ``__cause__``."""
+def _remote_task_error(cause: BaseException) -> BaseException:
+    """A real Ray task error as the driver receives it: the remote exception as
+    ``.cause``, no ``__cause__`` (the plain form, not the dual-class one)."""
+    from ray.exceptions import RayTaskError
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"the remote task failed: {type(cause).__name__}")
-        self.cause = cause
+    return RayTaskError("push", "Traceback (remote)", cause, proctitle="trainer", pid=1)
 
 
 class _ContextLossTransport(WeightSynchronizer):
@@ -231,7 +231,7 @@ class _ContextLossTransport(WeightSynchronizer):
         if self.arrives == "chained":
             raise RuntimeError("the trainer's push task failed") from lost
         if self.arrives == "remote":
-            raise _RemoteTaskError(lost)
+            raise _remote_task_error(lost)
         raise lost
 
     def abort(self) -> None:

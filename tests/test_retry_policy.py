@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetledger.controller.failure_taxonomy import (
     FailureKind,
@@ -23,6 +25,7 @@ from fleetledger.controller.failure_taxonomy import (
 from fleetledger.controller.retry_policy import (
     Attempt,
     DataBudgetExhausted,
+    PromptDropped,
     PromptSkipped,
     RedispatchExhausted,
     RetryPolicy,
@@ -93,6 +96,8 @@ def _run(
             counters=counters if counters is not None else RolloutCounters(),
             prompt_id=prompt_id,
             sleep=sleeps if sleeps is not None else Sleeps(),
+            # The top of the jitter range: each wait is exactly the backoff's ceiling.
+            jitter_draw=lambda: 1.0,
         )
     )
 
@@ -276,35 +281,170 @@ def test_a_skipped_prompt_raises_and_names_itself() -> None:
         _run(Script(ValueError(), cause), policy=policy, counters=counters, prompt_id=42)
     assert raised.value.prompt_id == 42 and raised.value.attempts == 2
     assert raised.value.__cause__ is cause
-    assert counters.skipped == {"assertion_error": 1} and counters.consecutive_dropped == 1
+    assert counters.skipped == {"assertion_error": 1} and counters.consecutive_dropped == 0
 
 
-def test_consecutive_drop_budget() -> None:
-    policy = RetryPolicy(data_attempts=1, max_skipped_prompts=10, max_consecutive_dropped=2)
+def _infra_prompt(counters: RolloutCounters, policy: RetryPolicy, *outcomes: object) -> object:
+    try:
+        return _run(Script(*outcomes), policy=policy, counters=counters)
+    except (PromptSkipped, RedispatchExhausted) as exc:
+        return exc
+
+
+def test_an_infra_exhausted_prompt_is_dropped_while_the_streak_is_under_the_budget() -> None:
+    policy = RetryPolicy(infra_attempts=1, max_consecutive_dropped=2)
     counters = RolloutCounters()
-    first = [_prompt(counters, policy, ValueError()) for _ in range(2)]
-    assert [type(o) for o in first] == [PromptSkipped, PromptSkipped]
-    third = _prompt(counters, policy, ValueError())
-    assert isinstance(third, DataBudgetExhausted) and third.budget == "consecutive"
-    assert counters.skipped_total == 2
+    outcomes = [_infra_prompt(counters, policy, ConnectionResetError()) for _ in range(3)]
+    assert [type(o) for o in outcomes] == [PromptDropped, PromptDropped, RedispatchExhausted]
+    assert "2 prompts dropped in a row reached max_consecutive_dropped_prompts 2" in str(
+        outcomes[2]
+    )
+    assert counters.dropped == {"connection": 2} and counters.skipped == {}
+    assert counters.exhausted == {"infra": 1} and counters.redispatched == {}
+    assert (counters.consecutive_dropped, counters.max_consecutive_dropped) == (2, 2)
 
 
-def test_a_success_resets_the_consecutive_streak() -> None:
-    policy = RetryPolicy(data_attempts=1, max_skipped_prompts=10, max_consecutive_dropped=2)
+def test_a_dropped_prompt_is_a_skipped_prompt_for_its_caller() -> None:
+    policy = RetryPolicy(infra_attempts=2, max_consecutive_dropped=1)
+    cause = ConnectionResetError("again")
+    with pytest.raises(PromptSkipped) as raised:
+        _run(Script(ConnectionResetError(), cause), policy=policy, prompt_id=7)
+    assert isinstance(raised.value, PromptDropped)
+    assert raised.value.prompt_id == 7 and raised.value.attempts == 2
+    assert raised.value.__cause__ is cause
+
+
+def test_a_commit_clears_the_drop_streak_and_keeps_the_high_water_mark() -> None:
+    policy = RetryPolicy(infra_attempts=1, max_consecutive_dropped=2)
     counters = RolloutCounters()
-    plan = [ValueError(), ValueError(), OK, ValueError(), ValueError()]
-    outcomes = [_prompt(counters, policy, outcome) for outcome in plan]
-    assert [type(o) for o in outcomes[:2] + outcomes[3:]] == [PromptSkipped] * 4
+    reset = ConnectionResetError
+    plan = [reset(), reset(), OK, reset(), reset()]
+    outcomes = [_infra_prompt(counters, policy, outcome) for outcome in plan]
+    assert [type(o) for o in outcomes[:2] + outcomes[3:]] == [PromptDropped] * 4
     assert outcomes[2] is OK
-    assert counters.skipped_total == 4 and counters.committed == 1
+    assert counters.dropped == {"connection": 4} and counters.committed == 1
+    assert (counters.consecutive_dropped, counters.max_consecutive_dropped) == (2, 2)
 
 
-def test_zero_consecutive_cap_means_only_the_skip_budget_applies() -> None:
-    policy = RetryPolicy(data_attempts=1, max_skipped_prompts=3)
+def test_an_outage_that_does_not_recover_still_ends_the_run() -> None:
+    policy = RetryPolicy(infra_attempts=2, max_consecutive_dropped=3)
+    counters = RolloutCounters()
+    outcomes = [
+        _infra_prompt(counters, policy, NoHealthyShards("none"), NoHealthyShards("none"))
+        for _ in range(10)
+    ]
+    kinds = [type(o) for o in outcomes]
+    assert kinds[:3] == [PromptDropped] * 3 and kinds[3] is RedispatchExhausted
+    assert sum(counters.dropped.values()) == 3 + sum(k is PromptDropped for k in kinds[4:])
+
+
+def test_data_skips_do_not_spend_the_drop_budget() -> None:
+    policy = RetryPolicy(
+        infra_attempts=1, data_attempts=1, max_skipped_prompts=10, max_consecutive_dropped=1
+    )
+    counters = RolloutCounters()
+    skipped = [_prompt(counters, policy, ValueError()) for _ in range(3)]
+    assert [type(o) for o in skipped] == [PromptSkipped] * 3
+    assert counters.consecutive_dropped == 0
+    assert isinstance(_infra_prompt(counters, policy, ConnectionResetError()), PromptDropped)
+
+
+def test_without_a_drop_budget_an_infra_exhausted_prompt_ends_the_run() -> None:
+    counters = RolloutCounters()
+    outcome = _infra_prompt(counters, RetryPolicy(infra_attempts=1), ConnectionResetError())
+    assert isinstance(outcome, RedispatchExhausted)
+    assert counters.dropped == {} and counters.exhausted == {"infra": 1}
+
+
+def test_the_skip_budget_alone_bounds_skipping() -> None:
+    policy = RetryPolicy(data_attempts=1, max_skipped_prompts=3, max_consecutive_dropped=1)
     counters = RolloutCounters()
     outcomes = [_prompt(counters, policy, ValueError()) for _ in range(4)]
     assert [type(o) for o in outcomes] == [PromptSkipped] * 3 + [DataBudgetExhausted]
-    assert counters.consecutive_dropped == 3
+    assert outcomes[3].budget == "skip"  # type: ignore[union-attr]
+
+
+@given(
+    budget=st.integers(min_value=0, max_value=5),
+    plan=st.lists(st.sampled_from(["ok", "infra", "data"]), max_size=30),
+)
+def test_the_drop_streak_never_exceeds_its_budget_and_only_infra_spends_it(
+    budget: int, plan: list[str]
+) -> None:
+    policy = RetryPolicy(
+        infra_attempts=1, data_attempts=1, max_skipped_prompts=100, max_consecutive_dropped=budget
+    )
+    counters = RolloutCounters()
+    streak = 0
+    for step in plan:
+        outcome = {"ok": OK, "infra": ConnectionResetError(), "data": ValueError()}[step]
+        result = (
+            _infra_prompt(counters, policy, outcome)
+            if step != "data"
+            else _prompt(counters, policy, outcome)
+        )
+        if step == "ok":
+            streak = 0
+            assert result is OK
+        elif step == "infra":
+            if streak < budget:
+                streak += 1
+                assert isinstance(result, PromptDropped)
+            else:
+                assert isinstance(result, RedispatchExhausted)
+        else:
+            assert type(result) is PromptSkipped
+        assert counters.consecutive_dropped == streak <= budget
+        assert counters.max_consecutive_dropped <= budget
+
+
+# --- jitter ------------------------------------------------------------------------------
+
+
+@given(
+    failures=st.integers(min_value=1, max_value=80),
+    jitter=st.floats(min_value=0.0, max_value=1.0),
+    draw=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_a_jittered_wait_stays_within_its_share_of_the_ceiling(
+    failures: int, jitter: float, draw: float
+) -> None:
+    policy = RetryPolicy(jitter=jitter)
+    ceiling = policy.backoff_s(failures)
+    wait = policy.jittered_backoff_s(failures, draw)
+    assert ceiling * (1 - jitter) - 1e-9 <= wait <= ceiling + 1e-9
+
+
+def test_failures_that_happen_together_do_not_retry_together() -> None:
+    """64 rollouts fail at once; their retries are spread, not one thundering herd."""
+
+    async def herd() -> list[float]:
+        waits: list[float] = []
+
+        async def record(seconds: float) -> None:
+            waits.append(seconds)
+
+        async def one(i: int) -> object:
+            return await run_rollout(
+                Script(ConnectionResetError(), OK),
+                select_shard=Shards(),
+                policy=RetryPolicy(),
+                counters=RolloutCounters(),
+                prompt_id=i,
+                sleep=record,
+            )
+
+        await asyncio.gather(*(one(i) for i in range(64)))
+        return waits
+
+    waits = asyncio.run(herd())
+    assert len(waits) == 64 and all(0.5 <= w <= 1.0 for w in waits)
+    assert len(set(waits)) > 32  # the default jitter spreads them over [0.5 s, 1 s]
+
+
+def test_jitter_outside_zero_to_one_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"jitter must be within 0\.\.1"):
+        RetryPolicy(jitter=1.5)
 
 
 # --- cancellation ------------------------------------------------------------------------

@@ -161,7 +161,17 @@ class RolloutFailureConfig(_Section):
         default=0, ge=0, description="Run-wide skip budget (only with on_data_exhausted=skip)."
     )
     max_consecutive_dropped_prompts: int = Field(
-        default=0, ge=0, description="Stop after this many prompts dropped in a row; 0 = no limit."
+        default=0,
+        ge=0,
+        description="Drop a prompt whose infrastructure budget ran out, while fewer than this "
+        "many in a row were dropped; 0 = never drop (the run fails).",
+    )
+    backoff_jitter: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of each backoff drawn at random, so failures that happened "
+        "together do not retry together.",
     )
 
     @model_validator(mode="after")

@@ -22,9 +22,21 @@ Rules, and why each exists:
 - Cancellation (and any other ``BaseException`` that is not an ``Exception``) is
   teardown, not a fault: it is classified :attr:`FailureKind.CANCELLED` and never
   retried, so shutting the controller down cannot look like a transient fault.
-- Runtime (Ray) and HTTP-client (aiohttp, openai) error types are matched by top-level
-  package and class name along the MRO, so neither library needs to be installed and a
-  subclass (``ActorDiedError`` of ``RayActorError``) inherits its parent's row.
+- Runtime (Ray) and HTTP-client (aiohttp, openai) error types are matched by class when
+  their library is loaded and otherwise by qualified name (top-level package and class
+  name) along the MRO, so neither library needs to be installed and a subclass
+  (``ActorDiedError`` of ``RayActorError``) inherits its parent's row. An embedder adds
+  its own types (httpx, grpc, its engine's) to either side with
+  :func:`register_failure_type`; registered rows are read before the built-in ones.
+- At the generation call site the boundary decides (:func:`classify_generation_failure`):
+  an error that comes back across the runtime's boundary from a live generation worker
+  — a task error wrapping the engine's own exception: an engine core that died under
+  its worker, a device out of memory, something never seen before — means "this shard
+  could not serve it", so it is infrastructure and re-dispatched; only an explicit data
+  failure stays data.
+- Classification never raises: an HTTP error whose ``str()`` fails (aiohttp's
+  ``ClientResponseError`` built without request information) is classified by its
+  ``status`` and ``message`` attributes, never by ``__str__``.
 
 Reason strings are short and stable because they are counter labels.
 """
@@ -32,7 +44,8 @@ Reason strings are short and stable because they are counter labels.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -49,7 +62,10 @@ __all__ = [
     "RolloutFailure",
     "cause_chain",
     "classify_exception",
+    "classify_generation_failure",
     "classify_http_status",
+    "register_failure_type",
+    "safe_text",
     "wrap_generation_failure",
 ]
 
@@ -173,7 +189,7 @@ class DeadlineExpired(FleetledgerError, TimeoutError):
 
 # Walked along the MRO, most specific class first, so the first hit wins.
 _NAMED_INFRA: dict[tuple[str, str], str] = {
-    # Ray: actor / worker / node / object failures and its get() timeout.
+    # Ray: actor / worker / node / object failures, its RPC layer and its get() timeout.
     ("ray", "ActorDiedError"): "actor_died",
     ("ray", "ActorUnavailableError"): "actor_unavailable",
     ("ray", "RayActorError"): "actor_died",
@@ -183,15 +199,27 @@ _NAMED_INFRA: dict[tuple[str, str], str] = {
     ("ray", "ObjectLostError"): "object_lost",
     ("ray", "OutOfMemoryError"): "worker_oom",
     ("ray", "RaySystemError"): "ray_system",
+    ("ray", "RpcError"): "rpc",
     ("ray", "GetTimeoutError"): "timeout",
     # aiohttp: connection-level failures (ServerDisconnected, ClientOSError, ...).
     ("aiohttp", "ServerTimeoutError"): "timeout",
     ("aiohttp", "ClientConnectionError"): "connection",
+    ("aiohttp", "ClientConnectorError"): "connection",
+    ("aiohttp", "ServerDisconnectedError"): "connection",
     # A truncated response body is a transport problem, not a bad prompt.
     ("aiohttp", "ClientPayloadError"): "payload",
     # openai client (wraps httpx): connection failures and its timeout.
     ("openai", "APITimeoutError"): "timeout",
     ("openai", "APIConnectionError"): "connection",
+}
+
+# Where a library keeps the classes of the table when it is loaded: matched by class
+# too, so a re-export under another module name, or a subclass defined elsewhere, is
+# recognised even where its MRO names differ.
+_LIBRARY_MODULES: dict[str, tuple[str, ...]] = {
+    "ray": ("ray.exceptions",),
+    "aiohttp": ("aiohttp",),
+    "openai": ("openai",),
 }
 
 # Exceptions that carry an HTTP status: (package, class) -> attribute holding the status.
@@ -204,10 +232,52 @@ _NAMED_STATUS: dict[tuple[str, str], str] = {
 # (not ``__cause__``); following it is what makes a remote ConnectionError infrastructure.
 _RAY_TASK_ERROR = ("ray", "RayTaskError")
 
+# Rows an embedder registered: (package, class) -> (kind, reason), read first.
+_REGISTERED: dict[tuple[str, str], tuple[FailureKind, str]] = {}
+
+
+def register_failure_type(
+    exc_type: type[BaseException] | str, kind: FailureKind, reason: str
+) -> Callable[[], None]:
+    """Classify ``exc_type`` (a class, or ``"package.ClassName"``) and its subclasses as
+    ``kind`` with the counter label ``reason``; returns a function that removes the row.
+
+    For the types fleetledger cannot know: an HTTP client (``httpx.ConnectError`` is
+    infrastructure), an RPC layer (grpc), an engine's own exceptions. A registered row
+    overrides a built-in one; an explicit :class:`RolloutDataFailure` still wins.
+    """
+    if kind is FailureKind.CANCELLED:
+        raise ValueError("cancellation is decided by the exception's type, not registered")
+    if not reason:
+        raise ValueError("a registered failure type needs a reason (its counter label)")
+    if isinstance(exc_type, str):
+        package, _, name = exc_type.rpartition(".")
+        if not package or not name:
+            raise ValueError(f"{exc_type!r}: give a class or 'package.ClassName'")
+        key = (package.partition(".")[0], name)
+    else:
+        key = (exc_type.__module__.partition(".")[0], exc_type.__name__)
+    _REGISTERED[key] = (kind, reason)
+
+    def unregister() -> None:
+        _REGISTERED.pop(key, None)
+
+    return unregister
+
 
 def _mro_keys(exc: BaseException) -> Iterator[tuple[str, str]]:
     for cls in type(exc).__mro__:
         yield (cls.__module__.partition(".")[0], cls.__name__)
+
+
+def _loaded_class(key: tuple[str, str]) -> type | None:
+    """The library's own class for ``key``, if the library is already imported."""
+    for module_name in _LIBRARY_MODULES.get(key[0], ()):
+        module = sys.modules.get(module_name)
+        found = getattr(module, key[1], None) if module is not None else None
+        if isinstance(found, type):
+            return found
+    return None
 
 
 def _named(exc: BaseException, table: dict[tuple[str, str], str]) -> str | None:
@@ -215,6 +285,20 @@ def _named(exc: BaseException, table: dict[tuple[str, str], str]) -> str | None:
         hit = table.get(key)
         if hit is not None:
             return hit
+    for key, hit in table.items():
+        cls = _loaded_class(key)
+        if cls is not None and isinstance(exc, cls):
+            return hit
+    return None
+
+
+def _registered(exc: BaseException) -> Classification | None:
+    if not _REGISTERED:
+        return None
+    for key in _mro_keys(exc):
+        row = _REGISTERED.get(key)
+        if row is not None:
+            return Classification(*row)
     return None
 
 
@@ -224,6 +308,24 @@ def _http_status(exc: BaseException) -> int | None:
         return None
     status = getattr(exc, attribute, None)
     return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def safe_text(exc: BaseException) -> str:
+    """``str(exc)``, or the type's name where ``__str__`` itself fails (never raises)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__}: its text cannot be read>"
+
+
+def _http_detail(exc: BaseException) -> str:
+    """The response's text as the error carries it, read from attributes first:
+    aiohttp's ``ClientResponseError.__str__`` needs request information that adapters
+    and tests often leave out."""
+    message = getattr(exc, "message", None)
+    if isinstance(message, str):
+        return message
+    return safe_text(exc)
 
 
 def _next_link(exc: BaseException) -> BaseException | None:
@@ -290,9 +392,12 @@ def _classify_link(exc: BaseException) -> Classification | None:
         return Classification(_INFRA, exc.reason)
     if isinstance(exc, DeadlineExpired):
         return Classification(_INFRA, exc.reason)
+    registered = _registered(exc)
+    if registered is not None:
+        return registered
     status = _http_status(exc)
     if status is not None and 100 <= status <= 599:
-        return classify_http_status(status, str(exc))
+        return classify_http_status(status, _http_detail(exc))
     named = _named(exc, _NAMED_INFRA)
     if named is not None:
         return Classification(_INFRA, named)
@@ -320,14 +425,20 @@ def classify_exception(exc: BaseException) -> Classification:
     data, labelled by the outermost recognised link or ``unknown:<TypeName>``.
 
     Only the raised exception is tested for cancellation: ``asyncio.timeout`` raises
-    ``TimeoutError from CancelledError``, and that is a timeout, not a teardown.
+    ``TimeoutError from CancelledError``, and that is a timeout, not a teardown. Never
+    raises: whatever an exception object does when inspected, it gets a verdict.
     """
     if isinstance(exc, asyncio.CancelledError):
         return Classification(FailureKind.CANCELLED, "cancelled")
     if not isinstance(exc, Exception):
         return Classification(FailureKind.CANCELLED, f"interrupted:{type(exc).__name__}")
+    try:
+        return _classify_chain(cause_chain(exc))
+    except Exception:  # a hostile exception object must not crash the retry loop
+        return Classification(_DATA, f"unclassifiable:{type(exc).__name__}")
 
-    chain = cause_chain(exc)
+
+def _classify_chain(chain: list[BaseException]) -> Classification:
     for link in chain:
         if isinstance(link, RolloutDataFailure):
             return Classification(_DATA, link.reason)
@@ -337,7 +448,31 @@ def classify_exception(exc: BaseException) -> Classification:
             return verdict
     if verdicts:
         return verdicts[0]
-    return Classification(_DATA, f"unknown:{type(exc).__name__}")
+    return Classification(_DATA, f"unknown:{type(chain[0]).__name__}")
+
+
+def classify_generation_failure(exc: BaseException) -> Classification:
+    """Classify a failure seen at the generation call site, where the boundary decides.
+
+    As :func:`classify_exception`, except that an error which came back across the
+    runtime's boundary from the generation worker (a Ray task error anywhere in the
+    chain) is infrastructure unless it is an explicit data failure: the worker was
+    alive and could not serve the prompt, and another shard may.
+    """
+    verdict = classify_exception(exc)
+    if verdict.kind is not _DATA:
+        return verdict
+    try:
+        chain = cause_chain(exc)
+        if any(isinstance(link, RolloutDataFailure) for link in chain):
+            return verdict
+        crossed = [i for i, link in enumerate(chain) if _RAY_TASK_ERROR in set(_mro_keys(link))]
+    except Exception:
+        return verdict
+    if not crossed:
+        return verdict
+    remote = chain[crossed[0] + 1] if crossed[0] + 1 < len(chain) else chain[crossed[0]]
+    return Classification(_INFRA, f"remote:{type(remote).__name__}")
 
 
 def wrap_generation_failure(
@@ -349,15 +484,16 @@ def wrap_generation_failure(
 ) -> RolloutFailure:
     """Retype a raw generation error as GenerationUnavailable or RolloutDataFailure.
 
+    Classified as at the generation call site (:func:`classify_generation_failure`).
     The caller raises the result ``from exc`` so the original stays in the chain. The
     reason is the raw error's, so counters say ``actor_died`` rather than a wrapper name.
     Story: failures used to be printed and turned into a zero-reward row; now they are
     classified and raised, with the coordinates attached.
     """
-    verdict = classify_exception(exc)
+    verdict = classify_generation_failure(exc)
     cls = GenerationUnavailable if verdict.kind is _INFRA else RolloutDataFailure
     return cls(
-        f"generation failed: {type(exc).__name__}: {exc}",
+        f"generation failed: {type(exc).__name__}: {safe_text(exc)}",
         reason=verdict.reason,
         shard=shard,
         prompt_id=prompt_id,

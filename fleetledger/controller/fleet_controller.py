@@ -30,6 +30,7 @@ from fleetledger.controller.metrics import FleetMetrics, ProgressSample
 from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRound
 from fleetledger.controller.stall_watchdog import StallWatchdog, TickDecision
 from fleetledger.events.errors import LedgerError
+from fleetledger.events.models import clip_text
 from fleetledger.projections.decisions import RestartVerdict, decide_exhaustion, decide_restart
 from fleetledger.projections.shard_states import ShardState
 
@@ -133,7 +134,7 @@ class FleetController:
             if exhaustion.exhausted and not self.watchdog.is_recovering:
                 cause = exhaustion.reason
                 self.ledger.declare_exhausted()
-            self.ledger.end_run("failed", cause)
+            cause = self.ledger.end_run_if_open("failed", cause)
         self._halt(cause)
         return cause
 
@@ -252,18 +253,22 @@ class FleetController:
             if decision.verdict is RestartVerdict.REDRIVE:
                 self.ledger.restart_failed(shard, decision.reason)
                 decision = decide_restart(self.ledger.view, shard)
-            if decision.verdict is RestartVerdict.NOTHING:
-                return self.ledger.view.state_of(shard).value
+            if decision.verdict not in (RestartVerdict.RESTART, RestartVerdict.RETIRE):
+                return self.ledger.view.state_of(shard).value  # nothing (left) to do
             self.ledger.restart_requested(shard)
-            if decision.verdict is RestartVerdict.RETIRE:
+            # What the fold made of it decides, not the verdict: another writer may have
+            # moved the shard meanwhile, and the log is the truth.
+            state = self.ledger.view.state_of(shard)
+            if state is ShardState.RETIRED:
                 _log.warning(
                     "shard retired", run=self.ledger.run, shard=shard, reason=decision.reason
                 )
-                return self.ledger.view.state_of(shard).value
+            if state is not ShardState.RESTARTING:
+                return state.value
         try:
             self.fleet.restart(shard, ready_timeout_s=self._restart_ready_timeout_s)
         except Exception as exc:  # any failure to bring it up is recorded, then retried
-            self.ledger.restart_failed(shard, f"{type(exc).__name__}: {exc}"[:4096])
+            self.ledger.restart_failed(shard, clip_text(f"{type(exc).__name__}: {exc}"))
             return self.ledger.membership.states[shard]
         self.ledger.replacement_loaded(shard)
         return self.ledger.membership.states[shard]

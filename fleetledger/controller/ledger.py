@@ -42,6 +42,7 @@ from fleetledger.events.models import (
     SilentParticipantCondemned,
     StallDetected,
     WeightsMarkedPartial,
+    clip_text,
 )
 from fleetledger.projections.decisions import decide_exhaustion
 from fleetledger.projections.fleet_view import FleetView, fold
@@ -241,7 +242,7 @@ class Ledger:
     def actor_died(self, shard: int, error: str) -> list[Transition]:
         """The runtime said the shard's process is gone (seen outside a probe, e.g. by a
         rollout whose call raised ``ActorDiedError``): conclusive, no counting."""
-        return self.record([ActorDeathConfirmed(shard=shard, error=error[:4096])])
+        return self.record([ActorDeathConfirmed(shard=shard, error=clip_text(error))])
 
     def report_outcomes(self, adapter: str, outcomes: Iterable[ShardOutcomes]) -> list[Transition]:
         """One adapter's window: successes and failures per shard, handed over together."""
@@ -343,7 +344,19 @@ class Ledger:
     def end_run(
         self, outcome: Literal["completed", "failed", "aborted"], cause: str
     ) -> list[Transition]:
-        return self.record([RunEnded(outcome=outcome, cause=cause)])
+        return self.record([RunEnded(outcome=outcome, cause=clip_text(cause))])
+
+    def end_run_if_open(
+        self, outcome: Literal["completed", "failed", "aborted"], cause: str
+    ) -> str:
+        """End the run unless it has ended (here or in another process); returns the
+        cause the log holds — ours, or the one recorded first."""
+        with self._lock:
+            self.catch_up()
+            if self._view.ended is not None:
+                return self._view.ended.cause
+            self.end_run(outcome, cause)
+            return clip_text(cause)
 
     def _not_absent(self) -> tuple[int, ...]:
         return tuple(r.index for r in self._view.shards if not r.absent)

@@ -135,9 +135,15 @@ def _rollout_families(run: str, snapshot: Mapping[str, object]) -> Iterator[Metr
     cancelled.add_metric([run], float(_number(snapshot.get("cancelled", 0))))
     yield cancelled
     for key, doc in (
+        ("consecutive_dropped", "Prompts dropped in a row now"),
+        ("max_consecutive_dropped", "The longest streak of dropped prompts so far"),
+    ):
+        yield _gauge(f"fleetledger_rollouts_{key}", doc, [run], _number(snapshot.get(key, 0)))
+    for key, doc in (
         ("redispatched", "Rollouts re-dispatched to another shard, per reason"),
         ("data_failures", "Data failures of rollout attempts, per reason"),
-        ("skipped", "Prompts skipped, per reason"),
+        ("skipped", "Prompts skipped (data budget spent), per reason"),
+        ("dropped", "Prompts dropped (infrastructure budget spent), per reason"),
         ("exhausted", "Exhausted budgets, per budget"),
     ):
         family = CounterMetricFamily(f"fleetledger_rollouts_{key}", doc, labels=["run", "reason"])

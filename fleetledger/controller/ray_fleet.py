@@ -24,8 +24,9 @@ from typing import Any
 
 import ray
 from ray.actor import ActorHandle
-from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
+from fleetledger.controller.failure_taxonomy import wrap_generation_failure
 from fleetledger.controller.generation_shard import Generation, GenerationRequest
 from fleetledger.controller.ledger import ProbeResult
 from fleetledger.errors import FleetledgerError
@@ -203,6 +204,14 @@ class RayShardFleet:
         except asyncio.CancelledError:
             ray.cancel(ref)
             raise
+        except RayTaskError as exc:
+            # The worker was alive and raised: the boundary decides. Its engine's own
+            # error (an engine core dead under it, a device out of memory, anything
+            # never seen) is this shard's failure, re-dispatched elsewhere; only an
+            # explicit data failure stays the prompt's.
+            raise wrap_generation_failure(
+                exc, shard=shard, prompt_id=request.prompt_id, group_id=request.group_id
+            ) from exc
 
     def set_weight_version(
         self, shards: Sequence[int], version: int, timeout_s: float

@@ -31,16 +31,18 @@ composition root hands one in.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import NoReturn
 
 import structlog
 
+from fleetledger.controller.failure_taxonomy import cause_chain
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import Prober
 from fleetledger.errors import FleetledgerError
+from fleetledger.events.models import clip_text
 from fleetledger.projections.decisions import CondemnationVerdict, decide_condemnation
 from fleetledger.weight_sync import Party, PushReport, RefitFailed, WeightSynchronizer
 
@@ -49,7 +51,6 @@ __all__ = ["RefitCoordinator", "RefitOutcome", "RefitTimedOut", "RunFailed"]
 _log = structlog.get_logger("fleetledger.refit")
 
 # How far down a cause chain to look: past the RPC layers, never round a cycle for ever.
-_CHAIN_LINKS = 8
 
 
 class RunFailed(FleetledgerError, RuntimeError):
@@ -69,21 +70,10 @@ class RefitOutcome:
     push: PushReport | None = None
 
 
-def _causes(failure: BaseException) -> Iterator[BaseException]:
-    """The failure and what caused it: the RPC layers keep the cause, not the type."""
-    link: BaseException | None = failure
-    for _ in range(_CHAIN_LINKS):
-        if link is None:
-            return
-        yield link
-        # A Ray task error carries the remote exception as ``.cause``; this module must
-        # import without Ray, so that one attribute is read by name.
-        remote = getattr(link, "cause", None)
-        link = remote if isinstance(remote, BaseException) else link.__cause__
-
-
 def _context_lost(failure: BaseException) -> bool:
-    return any(isinstance(link, RefitFailed) and link.context_lost for link in _causes(failure))
+    # Along the cause chain (and a Ray task error's remote cause): the RPC layers keep
+    # the transport's account as the cause, not as the type they raise.
+    return any(isinstance(link, RefitFailed) and link.context_lost for link in cause_chain(failure))
 
 
 def _refit_failed(failure: BaseException) -> RefitFailed:
@@ -108,6 +98,13 @@ class RefitCoordinator:
     ) -> None:
         if refit_timeout_s <= 0:
             raise ValueError(f"refit_timeout_s must be > 0, got {refit_timeout_s}")
+        if not isinstance(sync, WeightSynchronizer):
+            # The contract is a type, read by attribute, never guessed at by name.
+            raise TypeError(
+                f"{type(sync).__name__} is not a fleetledger.weight_sync.WeightSynchronizer: "
+                "a refit transport implements that contract (reconcile, push, abort, "
+                "built_layout)"
+            )
         self.ledger = ledger
         self.sync = sync
         self.prober = prober
@@ -191,7 +188,7 @@ class RefitCoordinator:
         self, version: int, absent_before: frozenset[int], failure: BaseException
     ) -> RefitOutcome:
         self.recoveries += 1
-        reason = f"{type(failure).__name__}: {failure}"[:4096]
+        reason = clip_text(f"{type(failure).__name__}: {failure}")
         _log.warning(
             "refit failed; recovering", run=self.ledger.run, version=version, reason=reason
         )
@@ -242,7 +239,9 @@ class RefitCoordinator:
         try:
             report = self._push_within(version)
         except Exception as second:
-            self.ledger.refit_aborted(version, f"retry: {type(second).__name__}: {second}"[:4096])
+            self.ledger.refit_aborted(
+                version, clip_text(f"retry: {type(second).__name__}: {second}")
+            )
             self._fail(
                 f"refit v{version} failed again after recovery: {type(second).__name__}: {second}"
             )
@@ -273,8 +272,5 @@ class RefitCoordinator:
         self._fail(decision.end_cause)
 
     def _fail(self, cause: str) -> NoReturn:
-        with self.ledger.lock:
-            self.ledger.catch_up()
-            if self.ledger.view.ended is None:
-                self.ledger.end_run("failed", cause[:4096])
+        self.ledger.end_run_if_open("failed", cause)
         raise RunFailed(cause)

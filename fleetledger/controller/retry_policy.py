@@ -4,12 +4,17 @@
 
 - infrastructure failures (see ``failure_taxonomy``) are re-dispatched: each attempt
   re-enters shard selection, which is what makes the retry land somewhere else, with
-  capped exponential backoff between attempts, within ``infra_attempts``;
+  capped exponential backoff between attempts (jittered: 64 rollouts that fail together
+  must not all retry in the same instant), within ``infra_attempts``;
+- a prompt whose infrastructure budget ran out ends the run — unless a drop budget
+  (``max_consecutive_dropped``, N > 0) lets it be dropped while fewer than N prompts
+  in a row were dropped; a committed prompt clears the streak, so an outage that does
+  not recover still ends the run, after N drops;
 - data failures get ``data_attempts`` and no backoff (waiting cannot help a
   deterministic failure; one retry is still worth taking because a shard under memory
   pressure can return an empty generation that looks deterministic and is not);
 - on an exhausted data budget the run fails, unless a run-wide skip budget allows the
-  prompt to be skipped (and the consecutive-drop budget is not exceeded);
+  prompt to be skipped (data skips do not spend the drop budget);
 - cancellation is never retried.
 
 It never returns anything but the generator's own result: every failure path raises.
@@ -20,6 +25,7 @@ committed as a training row and silently shifted its group's GRPO baseline.
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +44,7 @@ from fleetledger.errors import FleetledgerError
 __all__ = [
     "Attempt",
     "DataBudgetExhausted",
+    "PromptDropped",
     "PromptSkipped",
     "RedispatchExhausted",
     "RetryPolicy",
@@ -53,16 +60,18 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Budgets for one prompt's attempts and the run-wide skip budget.
+    """Budgets for one prompt's attempts, the run-wide skip budget and the drop budget.
 
     Defaults are the reference's: 5 infra attempts, 2 data attempts, backoff 1 s
     doubling to at most 30 s, no skipping (an exhausted data budget fails the run,
     because a genuinely deterministic failure is almost always a config bug, usually
-    the sequence length against the engine's context length).
+    the sequence length against the engine's context length), no dropping.
 
-    ``max_consecutive_dropped`` caps a streak of skipped prompts (a success resets it);
-    0 means no streak cap, so the default stays inert and only ``max_skipped_prompts``
-    bounds skipping.
+    ``max_consecutive_dropped``: with N > 0, a prompt whose *infrastructure* budget ran
+    out is dropped instead of ending the run while fewer than N prompts in a row were
+    dropped; 0 (the default) never drops. ``jitter``: the fraction of each backoff that
+    is drawn at random — the wait is uniform in ``[(1 - jitter)·d, d]`` for the capped
+    exponential ``d`` — so retries of failures that happened together spread out.
     """
 
     infra_attempts: int = 5
@@ -71,6 +80,7 @@ class RetryPolicy:
     max_backoff_s: float = 30.0
     max_skipped_prompts: int = 0
     max_consecutive_dropped: int = 0
+    jitter: float = 0.5
 
     def __post_init__(self) -> None:
         # A zero attempt budget would exit before the first attempt with nothing to
@@ -92,6 +102,8 @@ class RetryPolicy:
             raise ValueError(
                 f"max_consecutive_dropped must be >= 0, got {self.max_consecutive_dropped}"
             )
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"jitter must be within 0..1, got {self.jitter}")
 
     @classmethod
     def from_config(cls, config: RolloutFailureConfig) -> RetryPolicy:
@@ -103,6 +115,7 @@ class RetryPolicy:
             max_backoff_s=config.max_backoff_s,
             max_skipped_prompts=config.max_skipped_prompts,
             max_consecutive_dropped=config.max_consecutive_dropped_prompts,
+            jitter=config.backoff_jitter,
         )
 
     def backoff_s(self, infra_failures: int) -> float:
@@ -113,14 +126,24 @@ class RetryPolicy:
         exponent = min(infra_failures - 1, 64)
         return min(self.backoff_base_s * (2.0**exponent), self.max_backoff_s)
 
+    def jittered_backoff_s(self, infra_failures: int, draw: float) -> float:
+        """The wait after the ``infra_failures``-th infra failure for a uniform ``draw``
+        in [0, 1]: the ceiling ``backoff_s`` less up to ``jitter`` of it."""
+        if not 0.0 <= draw <= 1.0:
+            raise ValueError(f"draw must be within 0..1, got {draw}")
+        ceiling = self.backoff_s(infra_failures)
+        return ceiling * (1.0 - self.jitter * (1.0 - draw))
+
 
 @dataclass
 class RolloutCounters:
-    """Run-wide rollout counters per reason, and the skip budgets' state.
+    """Run-wide rollout counters per reason, and the skip and drop budgets' state.
 
     A rising re-dispatch count is the only externally visible sign that the fleet is
     degrading, so these are not optional bookkeeping: the watchdog publishes them.
-    Share one instance across every ``run_rollout`` of a run (the skip budget is
+    Drops (a prompt given up after its infrastructure budget) are counted apart from
+    re-dispatches (an attempt retried elsewhere), with the longest streak of drops.
+    Share one instance across every ``run_rollout`` of a run (the budgets are
     run-wide). Mutated only on the event loop, between awaits, so no lock is needed.
     """
 
@@ -128,9 +151,11 @@ class RolloutCounters:
     redispatched: Counter[str] = field(default_factory=Counter)
     data_failures: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
     exhausted: Counter[str] = field(default_factory=Counter)
     cancelled: int = 0
     consecutive_dropped: int = 0
+    max_consecutive_dropped: int = 0  # the streak's high-water mark
 
     @property
     def skipped_total(self) -> int:
@@ -144,9 +169,11 @@ class RolloutCounters:
             "redispatched": dict(self.redispatched),
             "data_failures": dict(self.data_failures),
             "skipped": dict(self.skipped),
+            "dropped": dict(self.dropped),
             "exhausted": dict(self.exhausted),
             "cancelled": self.cancelled,
             "consecutive_dropped": self.consecutive_dropped,
+            "max_consecutive_dropped": self.max_consecutive_dropped,
         }
 
 
@@ -182,6 +209,15 @@ class PromptSkipped(FleetledgerError):
         self.attempts = attempts
 
 
+class PromptDropped(PromptSkipped):
+    """The prompt's infrastructure budget ran out and the drop budget allowed dropping it.
+
+    A ``PromptSkipped`` for its caller (the same slot must be released, and nothing
+    reaches the buffer); told apart because a drop is the fleet's failure, not the
+    prompt's, and spends the drop budget instead of the skip budget.
+    """
+
+
 class RolloutAbandoned(FleetledgerError):
     """A budget is exhausted and the run must fail; the last failure is the ``__cause__``."""
 
@@ -201,8 +237,8 @@ class RedispatchExhausted(RolloutAbandoned):
 class DataBudgetExhausted(RolloutAbandoned):
     """A data failure exhausted its budget and skipping was not allowed (``budget`` says why).
 
-    ``budget`` is ``"data"`` (skipping disabled), ``"skip"`` (run-wide skip budget
-    spent) or ``"consecutive"`` (too many prompts dropped in a row).
+    ``budget`` is ``"data"`` (skipping disabled) or ``"skip"`` (run-wide skip budget
+    spent).
     """
 
     def __init__(
@@ -233,6 +269,7 @@ async def run_rollout(
     prompt_id: object = None,
     new_group_id: Callable[[], str] = _new_group_id,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    jitter_draw: Callable[[], float] = random.random,
 ) -> T:
     """Run one prompt's attempts under ``policy``; return the first success or raise.
 
@@ -242,8 +279,10 @@ async def run_rollout(
     :class:`Attempt` inside it (a selector without leases: ``lambda:
     contextlib.nullcontext(pick())``). Raises
     :class:`RedispatchExhausted` or :class:`DataBudgetExhausted` (the run must fail),
-    :class:`PromptSkipped` (drop this prompt), or ``CancelledError`` unchanged.
-    ``sleep`` is injectable so tests observe the backoff without waiting.
+    :class:`PromptSkipped` (drop this prompt; :class:`PromptDropped` when the drop
+    budget let an infrastructure-exhausted prompt go), or ``CancelledError`` unchanged.
+    ``sleep`` and ``jitter_draw`` (a uniform draw in [0, 1) per backoff) are injectable
+    so tests observe the backoff without waiting.
     """
     infra_failures = 0
     data_failures = 0
@@ -272,16 +311,11 @@ async def run_rollout(
             if verdict.kind is FailureKind.INFRA:
                 infra_failures += 1
                 if infra_failures >= policy.infra_attempts:
-                    counters.exhausted["infra"] += 1
-                    raise RedispatchExhausted(
-                        f"prompt {prompt_id}: {infra_failures} infrastructure failures "
-                        f"(last: {verdict.reason}) across {attempt_number} attempts",
-                        prompt_id=prompt_id,
-                        classification=verdict,
-                        attempts=attempt_number,
-                    ) from exc
+                    _drop_or_fail(
+                        exc, verdict, policy, counters, prompt_id, attempt_number, infra_failures
+                    )
                 counters.redispatched[verdict.reason] += 1
-                await sleep(policy.backoff_s(infra_failures))
+                await sleep(policy.jittered_backoff_s(infra_failures, jitter_draw()))
                 continue
             data_failures += 1
             counters.data_failures[verdict.reason] += 1
@@ -292,6 +326,40 @@ async def run_rollout(
             counters.committed += 1
             counters.consecutive_dropped = 0
             return result
+
+
+def _drop_or_fail(
+    exc: Exception,
+    verdict: Classification,
+    policy: RetryPolicy,
+    counters: RolloutCounters,
+    prompt_id: object,
+    attempts: int,
+    infra_failures: int,
+) -> NoReturn:
+    """Decide an exhausted infrastructure budget: always raises (drop, or fail the run)."""
+    budget = policy.max_consecutive_dropped
+    if budget and counters.consecutive_dropped < budget:
+        counters.dropped[verdict.reason] += 1
+        counters.consecutive_dropped += 1
+        counters.max_consecutive_dropped = max(
+            counters.max_consecutive_dropped, counters.consecutive_dropped
+        )
+        raise PromptDropped(prompt_id, verdict, attempts) from exc
+    counters.exhausted["infra"] += 1
+    streak = (
+        f"; {counters.consecutive_dropped} prompts dropped in a row reached "
+        f"max_consecutive_dropped_prompts {budget}"
+        if budget
+        else ""
+    )
+    raise RedispatchExhausted(
+        f"prompt {prompt_id}: {infra_failures} infrastructure failures (last: "
+        f"{verdict.reason}) across {attempts} attempts{streak}",
+        prompt_id=prompt_id,
+        classification=verdict,
+        attempts=attempts,
+    ) from exc
 
 
 def _skip_or_fail(
@@ -308,25 +376,18 @@ def _skip_or_fail(
         budget = "data"
     elif counters.skipped_total >= policy.max_skipped_prompts:
         budget = "skip"
-    elif (
-        policy.max_consecutive_dropped
-        and counters.consecutive_dropped >= policy.max_consecutive_dropped
-    ):
-        budget = "consecutive"
     if budget is not None:
         counters.exhausted[budget] += 1
         raise DataBudgetExhausted(
             f"prompt {prompt_id}: data failure {verdict.reason} after {attempts} attempts; "
             f"{budget} budget exhausted (skipped {counters.skipped_total}/"
-            f"{policy.max_skipped_prompts}, consecutive {counters.consecutive_dropped}/"
-            f"{policy.max_consecutive_dropped or 'unbounded'})",
+            f"{policy.max_skipped_prompts})",
             budget=budget,
             prompt_id=prompt_id,
             classification=verdict,
             attempts=attempts,
         ) from exc
     counters.skipped[verdict.reason] += 1
-    counters.consecutive_dropped += 1
     raise PromptSkipped(prompt_id, verdict, attempts) from exc
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import ray
 from ray.actor import ActorHandle
 
+from fleetledger.controller.failure_taxonomy import RolloutDataFailure
 from fleetledger.controller.generation_shard import Generation, GenerationRequest, GenerationShard
 from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
 from fleetledger.transports.ray_members import CommunicatorActor
@@ -35,10 +36,10 @@ class SimulatedShard(GenerationShard):
     """A shard whose generation takes ``generation_s`` and can be told to misbehave.
 
     Faults (``set_fault``): ``fail`` raises a transport error (infrastructure: the
-    adapter should retry elsewhere), ``error`` raises the engine's over-long-prompt
-    ``ValueError`` (data), ``hang`` parks every generation forever while probes still
-    answer (the wedged engine). Killing and freezing are done from outside with real
-    signals on :meth:`pid`.
+    adapter should retry elsewhere), ``error`` raises the over-long-prompt failure as an
+    explicit data failure (the prompt's, whichever shard serves it), ``hang`` parks every
+    generation forever while probes still answer (the wedged engine). Killing and
+    freezing are done from outside with real signals on :meth:`pid`.
     """
 
     def __init__(self, index: int, *, generation_s: float = 0.01, weight_version: int = 0) -> None:
@@ -66,9 +67,14 @@ class SimulatedShard(GenerationShard):
         if fault == "fail":
             raise ConnectionResetError(f"shard {self._index}: engine connection reset")
         if fault == "error":
-            raise ValueError(
+            # Said explicitly: across the runtime's boundary any other error is this
+            # shard's failure (infrastructure), not the prompt's.
+            raise RolloutDataFailure(
                 f"shard {self._index}: prompt {request.prompt_id} exceeds the maximum context "
-                "length"
+                "length",
+                reason="context_length",
+                shard=self._index,
+                prompt_id=request.prompt_id,
             )
         self._served += 1
         text = f"{request.prompt} → shard {self._index} @ v{self._weight_version}"

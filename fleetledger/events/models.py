@@ -26,7 +26,15 @@ from fleetledger.events.ids import new_event_id
 
 ShardIndex = Annotated[int, Field(ge=0, description="Generation shard index (data-parallel rank).")]
 WeightVersion = Annotated[int, Field(ge=0, description="Trainer weight version (train step).")]
-Reason = Annotated[str, Field(min_length=1, max_length=4096)]
+MAX_TEXT = 4096
+"""The most characters an event's free text (a reason, a cause, an error) holds."""
+
+Reason = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+
+
+def clip_text(text: str) -> str:
+    """``text`` cut to what an event holds: long failures are quoted, not refused."""
+    return text[:MAX_TEXT]
 
 
 class FleetConfig(BaseModel):
@@ -136,7 +144,7 @@ class ProbeFailed(Event):
     type: Literal["probe_failed"] = "probe_failed"
     shard: ShardIndex
     kind: Literal["timeout", "error"]
-    error: str = Field(default="", max_length=4096)
+    error: str = Field(default="", max_length=MAX_TEXT)
 
 
 class ActorDeathConfirmed(Event):
@@ -144,7 +152,7 @@ class ActorDeathConfirmed(Event):
 
     type: Literal["actor_death_confirmed"] = "actor_death_confirmed"
     shard: ShardIndex
-    error: str = Field(default="", max_length=4096)
+    error: str = Field(default="", max_length=MAX_TEXT)
 
 
 # ── what adapters saw ──────────────────────────────────────────────────────────

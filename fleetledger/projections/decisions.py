@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from fleetledger.events.models import clip_text
 from fleetledger.projections.shard_states import (
     RESTART_EXHAUSTED_RULE,
     RESTART_REQUESTED_RULE,
@@ -54,9 +55,6 @@ __all__ = [
     "decide_exhaustion",
     "decide_restart",
 ]
-
-# Events carry at most this much text; a reason quoting a long failure is cut here, once.
-MAX_REASON = 4096
 
 
 class CondemnationVerdict(StrEnum):
@@ -180,11 +178,11 @@ def decide_condemnation(
     abort = () if view.last_abort is None else (view.last_abort.seq,)
     return Condemnation(
         verdict=judgement.verdict,
-        reason=judgement.reason.format(**fields)[:MAX_REASON],
+        reason=clip_text(judgement.reason.format(**fields)),
         evidence=_seqs(abort, *(_suspicion(r) for r in records)),
         suspected=suspected,
         shard=shard if judgement.verdict is CondemnationVerdict.CONDEMN else None,
-        end_cause=judgement.end_cause.format(**fields)[:MAX_REASON],
+        end_cause=clip_text(judgement.end_cause.format(**fields)),
     )
 
 

@@ -69,10 +69,7 @@ class Wiring:
 
 
 def end_if_open(ledger: Ledger, outcome: Literal["failed", "aborted"], cause: str) -> None:
-    with ledger.lock:
-        ledger.catch_up()
-        if ledger.view.ended is None:
-            ledger.end_run(outcome, cause[:4096])
+    ledger.end_run_if_open(outcome, cause)
 
 
 def wire(

@@ -1,0 +1,68 @@
+"""A read that names its upper bound (as every read command does, through ``RunReader``)
+still finds damage: a missing row is never read as a shorter run."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+import fleetledger.events.log as log_module
+from fleetledger.events.errors import LedgerError
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import FleetConfig, ProbeSucceeded, RunEnded, RunStarted
+from fleetledger.queries import RunReader
+from tests.cli_support import run_cli
+
+RUN = "holey"
+EVENTS = 28  # run_started, 26 probes, run_ended
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(log_module, "READ_PAGE", 10)
+    return 10
+
+
+def _write(url: str) -> None:
+    config = FleetConfig(shard_count=2, train_world_size=1, base_urls=("a", "b"))
+    with EventLog.open(url) as log:
+        log.append(RUN, [RunStarted(config=config)])
+        log.append(RUN, [ProbeSucceeded(shard=i % 2) for i in range(EVENTS - 2)])
+        log.append(RUN, [RunEnded(outcome="completed", cause="done")])
+
+
+def _delete(path: str, seq: int) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("DELETE FROM fleetledger_events WHERE run_id = ? AND seq = ?", (RUN, seq))
+
+
+@pytest.mark.parametrize("missing", [10, 20, 15], ids=["page-end", "second-page-end", "inside"])
+def test_a_missing_row_under_a_named_bound_is_damage(sqlite_url, tmp_path, small_pages, missing):
+    _write(sqlite_url)
+    _delete(str(tmp_path / "ledger.db"), missing)
+    with EventLog.open(sqlite_url) as log:
+        with pytest.raises(LedgerError, match="the ledger is damaged"):
+            list(log.read(RUN, 0, EVENTS))
+        reader = RunReader(log, RUN)
+        with pytest.raises(LedgerError, match="the ledger is damaged"):
+            reader.view()
+    for command in (["replay", RUN], ["membership", RUN], ["explain", RUN]):
+        result = run_cli(*command, "--db", sqlite_url)
+        assert result.exit_code == 2, result.stdout + result.stderr
+        assert "the ledger is damaged" in result.stderr
+
+
+def test_a_bound_past_the_head_still_ends_at_the_head(sqlite_url, small_pages):
+    _write(sqlite_url)
+    with EventLog.open(sqlite_url) as log:
+        seqs = [r.seq for r in log.read(RUN, 0, EVENTS + 50)]
+        assert seqs == list(range(1, EVENTS + 1))
+        assert [r.seq for r in log.read(RUN, 25, EVENTS + 5)] == [26, 27, 28]
+
+
+def test_an_unknown_run_under_a_named_bound_is_an_error(sqlite_url, small_pages):
+    _write(sqlite_url)
+    with EventLog.open(sqlite_url) as log:
+        with pytest.raises(LedgerError, match="no run 'ghost'"):
+            list(log.read("ghost", 0, 5))
