@@ -9,8 +9,7 @@ to a closed file.
 
 from __future__ import annotations
 
-from click.testing import Result
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from fleetledger import cli as cli_module
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 import structlog
-from click.testing import Result
 from pydantic import ValidationError
 from sqlalchemy import create_engine, inspect, text
+from typer.testing import Result
 
 from fleetledger.events.errors import (
     AppendRejected,
@@ -799,7 +799,7 @@ CASES: list[Case] = [
     ),
     Case(
         "sqlite_directory_missing_cli",
-        lambda c: run_cli("runs", "--db", f"sqlite:///{c.tmp}/no/such/ledger.db"),
+        lambda c: run_cli("demo", "--db", f"sqlite:///{c.tmp}/no/such/ledger.db"),
         None,
         ("cannot create {tmp}/no/such/ledger.db: directory {tmp}/no/such does not exist",),
         check=_nothing_created("no"),

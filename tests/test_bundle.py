@@ -404,7 +404,8 @@ def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, da
 
     with EventLog.open(f"sqlite:///{tmp_path}/l.db") as log:
         log.append("r", [run_started()])
-        write_bundle(tmp_path / "b.zip", "r", log.read_stored("r"), log.config("r"), {})
+        with (tmp_path / "b.zip").open("wb") as stream:
+            write_bundle(stream, "r", log.read_stored("r"), log.config("r"), {})
     good = (tmp_path / "b.zip").read_bytes()
     data = bytearray(good)
     with zipfile.ZipFile(io.BytesIO(good)) as archive:
@@ -418,3 +419,26 @@ def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, da
         data[central + 10 : central + 12] = (99).to_bytes(2, "little")
     with pytest.raises(LedgerError):
         read_import(io.BytesIO(bytes(data)), "b.zip", EventCodec())
+
+
+def test_a_summary_time_written_with_plus_zero_is_the_same_instant(
+    bundled: tuple[str, str, Path], tmp_path: Path
+) -> None:
+    """Older versions wrote the membership's ``at`` as ``+00:00``; this one writes ``Z``.
+    The same instant is the same summary: no warning. A different instant still warns."""
+    url, _, path = bundled
+    contents = members(path)
+    summary = json.loads(contents[SUMMARY])
+    at = summary["membership"]["at"]
+    assert at.endswith("Z")
+    for name, written, warns in (
+        ("older", at.replace("Z", "+00:00"), False),
+        ("shifted", at.replace("Z", "+01:00"), True),
+    ):
+        summary["membership"]["at"] = written
+        edited = {**contents, SUMMARY: json.dumps(summary).encode()}
+        bundle = write_members(tmp_path / f"{name}.zip", edited)
+        result = invoke("import", str(bundle), "--run", f"copy-{name}", "--db", url)
+        assert (
+            "differs from this fleetledger's fold of its events in at" in result.stderr
+        ) is warns

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from fleetledger.events.database import head_revision
 from fleetledger.events.log import EventLog
+from fleetledger.events.revisions import head_revision
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
 from tests.cli_support import invoke, run_cli
@@ -202,8 +202,11 @@ def test_fleetledger_db_is_honoured_and_db_overrides_it(tmp_path: Path) -> None:
     listed = json.loads(invoke("runs", "--json", env=env).stdout)
     assert [r["run"] for r in listed] == [run]
 
-    # --db wins over the environment: the other ledger is empty, then gets its own run.
-    assert json.loads(invoke("runs", "--json", "--db", option_url, env=env).stdout) == []
+    # --db wins over the environment: the other ledger does not exist (a read command
+    # never creates one), then gets its own run.
+    missing = run_cli("runs", "--json", "--db", option_url, env=env)
+    assert missing.exit_code == 2
+    assert f"no ledger at {tmp_path}/from-option.db" in missing.stderr
     invoke("demo", "--db", option_url, env=env)
     other = only_run(option_url)
     assert other != run
@@ -268,6 +271,7 @@ def test_import_text_output_and_stdin(sqlite_url: str) -> None:
 
 
 def test_runs_json_lists_each_run(sqlite_url: str, tmp_path: Path) -> None:
+    invoke("migrate", "--db", sqlite_url)  # an empty ledger: read commands create none
     assert json.loads(invoke("runs", "--json", "--db", sqlite_url).stdout) == []
     assert invoke("runs", "--db", sqlite_url).stdout.strip() == "no runs in this ledger"
 

@@ -73,7 +73,12 @@ def imported_parts(path: Path) -> set[str]:
             elif node.module:
                 names = [node.module]
                 if node.module == "fleetledger":
-                    names = [f"fleetledger.{alias.name}" for alias in node.names]
+                    # The package root holds only ``__version__``: anyone may read it.
+                    names = [
+                        f"fleetledger.{alias.name}"
+                        for alias in node.names
+                        if alias.name != "__version__"
+                    ]
         for name in names:
             parts = name.split(".")
             if parts[0] == "fleetledger" and len(parts) > 1:

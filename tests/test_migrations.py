@@ -17,16 +17,11 @@ from alembic import command
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from fleetledger.events.codec import EventCodec
-from fleetledger.events.database import (
-    VERSION_TABLE,
-    alembic_config,
-    head_revision,
-    migrate,
-    open_database,
-)
+from fleetledger.events.database import migrate, open_database
 from fleetledger.events.errors import LedgerOpenError, MigrationRequired, UnknownRevision
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import ProbeFailed, ProbeSucceeded, RunStarted
+from fleetledger.events.revisions import VERSION_TABLE, alembic_config, head_revision
 from fleetledger.events.schema import metadata
 from tests.builders import dump_tables, fleet_config, ledger_tables, mixed_events, run_started
 

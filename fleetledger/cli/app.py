@@ -2,7 +2,9 @@
 
 Every command takes ``--db URL`` (else ``$FLEETLEDGER_DB``, else ``sqlite:///fleetledger.db``
 in the working directory); every command that prints takes ``--json``. Errors print one
-line naming what was wrong and where, and exit with status 2 — never a traceback.
+line naming what was wrong and where, and exit with status 2 — never a traceback. Usage
+errors too (a bad value, a missing argument, an unknown option or command): click's
+usage block and "Try --help" are left out, here in the group every invocation goes through.
 """
 
 from __future__ import annotations
@@ -14,18 +16,95 @@ from contextlib import contextmanager
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
+from fleetledger import __version__
+from fleetledger.cli.output import say
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.database import DB_URL_ENV
+from fleetledger.events.database import OpenMode
+from fleetledger.events.db_urls import DB_URL_ENV
+from fleetledger.events.errors import LedgerWriteError
 from fleetledger.events.log import EventLog
 from fleetledger.logs import configure_logging
+
+# ── usage errors: one line, like every other error ─────────────────────────────
+
+
+def _click_class(name: str) -> type[Exception]:
+    # typer raises click's exceptions, from its own copy of click in recent versions (from
+    # click before): take them from the class typer exports, not from ``import click``.
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_ClickException = _click_class("ClickException")
+# What a value had to be, by the conversion error typer reports (pydantic's error type).
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "bool_parsing": "true or false",
+}
+
+
+def _param_name(param: Any) -> str:
+    """How the user wrote the parameter: ``SHARD`` for an argument, ``--from`` for an option."""
+    if getattr(param, "param_type_name", "") == "argument":
+        return str(param.name).upper()
+    opts = getattr(param, "opts", None) or [str(param.name)]
+    return max(opts, key=len)
+
+
+def usage_error_line(exc: Any) -> str:
+    """A usage error (click's) as the line after ``fleetledger: error:``: no usage, no hint."""
+    param = getattr(exc, "param", None)
+    if type(exc).__name__ == "MissingParameter" and param is not None:
+        return f"missing {param.param_type_name} {_param_name(param)}"
+    problems = getattr(exc.__cause__, "errors", list)()  # pydantic's, for a conversion
+    if isinstance(exc, typer.BadParameter) and param is not None and problems:
+        expected = _EXPECTED.get(problems[0].get("type"))
+        if expected is not None:
+            return f"{_param_name(param)} must be {expected}, got {problems[0].get('input')!r}"
+    possibilities = getattr(exc, "possibilities", None)  # an unknown option click can place
+    if possibilities:
+        return f"{exc.message}; did you mean {' or '.join(sorted(possibilities))}?"
+    return str(exc.format_message())
+
+
+@contextmanager
+def _usage_errors_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except _ClickException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `fleetledger` alone prints the help
+            raise
+        raise _fail(usage_error_line(exc), code=getattr(exc, "exit_code", 2)) from None
+
+
+class FleetledgerGroup(TyperGroup):
+    """The app's click group: argument parsing and command lookup happen in these two
+    methods, for the console script (:func:`main`) and for an in-process runner
+    (``CliRunner().invoke(app)``) alike, so a usage error is one line in both."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:
+        with _usage_errors_in_one_line():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _usage_errors_in_one_line():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
     name="fleetledger",
     help="Event-sourced membership ledger for the generation fleet of async RL runs.",
+    cls=FleetledgerGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: rich markup would read "[default: 1.0]" as a tag and drop it.
+    rich_markup_mode=None,
 )
 
 DbOption = Annotated[
@@ -51,14 +130,13 @@ def _configure_logging() -> None:
         configure_logging(level, fmt)  # type: ignore[arg-type]
     except ValueError as exc:
         configure_logging()
-        typer.echo(
-            f"fleetledger: warning: {exc}; logging at warning level to the console", err=True
-        )
+        say(f"fleetledger: warning: {exc}; logging at warning level to the console", err=True)
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"fleetledger: error: {message}", err=True)
-    return typer.Exit(code=2)
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    # One line, whatever the message quotes (a newline in it is shown as \n).
+    say(f"fleetledger: error: {message}", err=True)
+    return typer.Exit(code=code)
 
 
 def cli_errors(fn: F) -> F:
@@ -77,22 +155,47 @@ def cli_errors(fn: F) -> F:
 
 
 @contextmanager
-def open_log(db: str | None) -> Iterator[EventLog]:
-    log = EventLog.open(db)
-    if log.database.upgraded_from is not None:
-        typer.echo(
-            f"fleetledger: upgraded the ledger schema at {log.database.display_url} from "
-            f"revision {log.database.upgraded_from}",
-            err=True,
-        )
+def open_log(db: str | None, *, mode: OpenMode) -> Iterator[EventLog]:
+    """The command's ledger: ``mode="read"`` for the commands that only look (the ledger
+    is opened read-only: never created, upgraded or written), ``"write"`` for those that
+    append (a new SQLite ledger may be created, an older one is upgraded, and says so)."""
+    log = EventLog.open(db, mode=mode)
     try:
+        if mode == "write" and log.database.read_only:
+            # Refused before the command does any work: nothing would be written anyway.
+            raise LedgerWriteError(
+                f"{log.database.display_url}: the ledger is opened read-only (mode=ro in "
+                "the URL) and this command writes to it; nothing was written"
+            )
+        if log.database.upgraded_from is not None:
+            typer.echo(
+                f"fleetledger: upgraded the ledger schema at {log.database.display_url} from "
+                f"revision {log.database.upgraded_from}",
+                err=True,
+            )
         yield log
     finally:
         log.close()
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"fleetledger {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _setup() -> None:
+def _setup(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print fleetledger's version and exit.",
+        ),
+    ] = False,
+) -> None:
     """Configure logging for every command (also when ``app`` is invoked directly)."""
     _configure_logging()
 

@@ -3,7 +3,7 @@
 Each history entry type has its words here (``ENTRY_WORDING``, held to the entry types
 by a test); ``EntryTable`` prints rows a few at a time so a million-entry replay and a
 live watch line up under one header. Rules, reasons and error texts come from the log:
-every cell is ``Text``, never markup.
+every cell is :func:`~fleetledger.cli.output.safe_text`, never markup, controls escaped.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from rich import box
 from rich.console import Console
 from rich.table import Column, Table
-from rich.text import Text
 
+from fleetledger.cli.output import data_row
 from fleetledger.events.models import FleetConfig, datetime_from_us
 from fleetledger.projections.history import (
     DecisionEntry,
@@ -217,9 +217,9 @@ class EntryTable:
         count = 0
         for entry in entries:
             shard, what, detail, style = describe(entry, self.config)
-            # Text, not markup: rules and reasons come from the log and may hold brackets.
-            cells = (_time(entry.at_us), str(entry.seq), shard, what, detail)
-            table.add_row(*(Text(cell) for cell in cells), style=style)
+            # Not markup, controls escaped: rules and reasons come from the log and may
+            # hold brackets ("[rank0] …") and ESC sequences.
+            data_row(table, _time(entry.at_us), entry.seq, shard, what, detail, style=style)
             count += 1
             if count == TABLE_CHUNK:
                 self._print(table)

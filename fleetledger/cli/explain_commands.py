@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
-from fleetledger.cli.output import out, print_json
+from fleetledger.cli.output import print_json, say
 from fleetledger.queries import RunReader
 
 
@@ -30,11 +30,13 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """Why a shard is in its state, or why the run ended / where its progress stopped."""
-    with open_log(db) as log:
+    with open_log(db, mode="read") as log:
         reader = RunReader(log, run)
         explanation = reader.explain(shard, reader.seq_of(at, "--at"))
     if as_json:
         print_json(explanation.as_json())
     else:
-        # Error texts and reasons are free text ("[rank0] …"): never read them as markup.
-        out.print(explanation.text, markup=False)
+        # Error texts and reasons are free text ("[rank0] …", ESC …): never markup, every
+        # control escaped but the line breaks the explanation's lines are joined with (a
+        # newline inside an error text cannot be told from them, so it starts a line too).
+        say(explanation.text, keep_newlines=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -11,11 +12,23 @@ import typer
 from rich.table import Column, Table
 
 from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
-from fleetledger.cli.output import out, print_json, write_json_lines
+from fleetledger.cli.output import (
+    check_output,
+    data_row,
+    ledger_files,
+    print_json,
+    safe_text,
+    say,
+    stdout_may_close,
+    whole_file,
+    write_json_lines,
+)
 from fleetledger.events.bundle import read_import, write_bundle
 from fleetledger.events.database import migrate as migrate_database
+from fleetledger.events.errors import AppendRejected
 from fleetledger.events.jsonl import export_lines
 from fleetledger.events.models import iso_at
+from fleetledger.events.records import check_run_id
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.membership import membership_document
 from fleetledger.queries import RunReader, load_view
@@ -27,7 +40,7 @@ from fleetledger.queries import RunReader, load_view
 @cli_errors
 def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List the runs in the ledger."""
-    with open_log(db) as log:
+    with open_log(db, mode="read") as log:
         summaries = log.runs()
     if as_json:
         print_json(
@@ -44,20 +57,22 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
         )
         return
     if not summaries:
-        out.print("no runs in this ledger")
+        say("no runs in this ledger")
         return
     # The run id is what every other command takes: never let the table cut it short.
-    run_column = Column("run", no_wrap=True, min_width=max(len(s.run_id) for s in summaries))
+    widest = max(safe_text(s.run_id).cell_len for s in summaries)  # cells, not characters
+    run_column = Column("run", no_wrap=True, min_width=widest)
     table = Table(run_column, "events", "started", "last event", "ended")
     for s in summaries:
-        table.add_row(
+        data_row(
+            table,
             s.run_id,
-            str(s.head_seq),
+            s.head_seq,
             iso_at(s.started_at_us),
             iso_at(s.last_at_us),
             "yes" if s.ended else "no",
         )
-    out.print(table)
+    say(table)
 
 
 # ── membership ─────────────────────────────────────────────────────────────────
@@ -65,33 +80,36 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
 
 def render_membership(view: FleetView) -> None:
     doc = membership_document(view)
-    out.print(
+    say(
         f"run {doc['run']} at seq {doc['seq']} ({doc['at']}): epoch {doc['epoch']}, "
         f"serving {doc['serving']}, absent {doc['absent']}, suspected {doc['suspected']}"
     )
     table = Table("shard", "state", "weights", "restarts", "since seq", "because")
     for index, shard in doc["shards"].items():
-        table.add_row(
+        data_row(
+            table,
             index,
             shard["state"],
-            str(shard["weight_version"]),
-            str(shard["restart_attempts"]),
-            str(shard["since_seq"]),
+            shard["weight_version"],
+            shard["restart_attempts"],
+            shard["since_seq"],
             shard["since_rule"],
         )
-    out.print(table)
+    say(table)
     layout = doc["layout"]
     if layout is None:
-        out.print(f"rank layout: none ({doc['layout_error']})")
+        say(f"rank layout: none ({doc['layout_error']})")
     else:
-        out.print(
+        say(
             f"rank layout: world {layout['world_size']} = {layout['train_world_size']} trainer "
             f"ranks + {len(layout['shard_prefixes'])} shards × {layout['workers_per_shard']}; "
             f"shard prefixes {layout['shard_prefixes']}"
         )
-    for key in ("exhausted", "ended"):
-        if doc[key]:
-            out.print(f"{key}: {doc[key]}")
+    if doc["exhausted"]:
+        say(f"exhausted: {doc['exhausted']}")
+    if doc["ended"]:
+        ended = doc["ended"]  # the cause as written, not a dict's repr of it
+        say(f"ended: {ended['outcome']} at seq {ended['seq']}: {ended['cause']}")
 
 
 @app.command()
@@ -111,7 +129,7 @@ def membership(
     as_json: JsonOption = False,
 ) -> None:
     """Who is in the fleet: states, serving/absent sets, epoch and the rank layout."""
-    with open_log(db) as log:
+    with open_log(db, mode="read") as log:
         # A time becomes the last seq stamped at or before it; then the nearest
         # snapshot at or before that seq, folded forward.
         reader = RunReader(log, run)
@@ -145,31 +163,45 @@ def export(
     """Write a run's stored events as JSON Lines, or a bundle (format: docs/events.md)."""
     if bundle is not None and output is not None:
         raise _fail("give -o (JSON Lines) or --bundle, not both")
-    if bundle is not None and not bundle.parent.is_dir():
-        raise _fail(f"cannot write {bundle}: there is no directory {bundle.parent}")
-    with open_log(db) as log:
+    target = bundle if bundle is not None else output
+    if target is not None:
+        check_output(target)  # before the ledger is opened (or created)
+    with open_log(db, mode="read") as log:
+        protect = ledger_files(log.database)
+        if target is not None:
+            check_output(target, protect)  # never the ledger itself
+        # An unknown run fails here, before the target is touched; everything below is
+        # as of this one head, even if the run is live.
+        reader = RunReader(log, run)
+        pages = log.read_stored(run, 0, reader.head.seq)
         if bundle is not None:
-            # Events, summary and membership all as of one head, even if the run is live.
-            reader = RunReader(log, run)
             view = reader.view()
-            write_bundle(
-                bundle,
-                run,
-                log.read_stored(run, 0, reader.head.seq),
-                view.config,
-                membership_document(view),
-            )
+            with whole_file(bundle, protect) as stream:
+                write_bundle(
+                    stream, run, pages, view.config, membership_document(view), name=str(bundle)
+                )
             return
-        lines = export_lines(run, log.read_stored(run))
+        lines = export_lines(run, pages)
         if output is None:
-            for line in lines:
-                sys.stdout.write(line + "\n")
+            with stdout_may_close():  # `export RUN | head` ends quietly
+                for line in lines:
+                    sys.stdout.write(line + "\n")
+                sys.stdout.flush()
             return
-        tmp = output.with_name(output.name + ".partial")
-        with tmp.open("w", encoding="utf-8") as fh:
+        with whole_file(output, protect) as stream:
             for line in lines:
-                fh.write(line + "\n")
-        tmp.replace(output)
+                stream.write((line + "\n").encode("utf-8"))
+
+
+def same_summary_value(key: str, ours: object, theirs: object) -> bool:
+    """A bundle's summary agrees with this fold's: the same values, and for ``at`` the
+    same instant (older versions wrote ``+00:00`` where this one writes ``Z``)."""
+    if key == "at" and isinstance(ours, str) and isinstance(theirs, str):
+        try:
+            return datetime.fromisoformat(ours) == datetime.fromisoformat(theirs)
+        except ValueError:
+            return False
+    return ours == theirs
 
 
 @app.command(name="import")
@@ -181,8 +213,13 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Import an exported run or a bundle (told apart by content). All checked, then written."""
+    if run is not None:  # checked before anything is opened; '' is not "no --run"
+        try:
+            check_run_id(run)
+        except AppendRejected as exc:
+            raise _fail(f"--run {run!r}: {exc.problem}") from None
     source = "<stdin>" if str(file) == "-" else str(file)
-    with open_log(db) as log:
+    with open_log(db, mode="write") as log:
         if str(file) == "-":
             imported = read_import(sys.stdin.buffer, source, log.codec, run)
         else:
@@ -197,9 +234,9 @@ def import_(
         ours = json.loads(json.dumps(membership_document(view)))
         theirs = dict(bundle.summary["membership"])
         keys = (ours.keys() | theirs.keys()) - {"run"}
-        differ = sorted(k for k in keys if ours.get(k) != theirs.get(k))
+        differ = sorted(k for k in keys if not same_summary_value(k, ours.get(k), theirs.get(k)))
         if differ:
-            typer.echo(
+            say(
                 f"fleetledger: warning: {source}: the bundle's summary differs from this "
                 f"fleetledger's fold of its events in {', '.join(differ)}; answers follow "
                 "this version's rules",
@@ -212,14 +249,13 @@ def import_(
         print_json(doc)
     elif bundle is not None:
         m = bundle.manifest
-        out.print(
+        say(
             f"imported {len(parsed.rows)} events as run {parsed.run} from bundle {source} "
             f"(format {m.format_version}, run {m.run}, written {m.created} by fleetledger "
-            f"{m.fleetledger_version})",
-            markup=False,
+            f"{m.fleetledger_version})"
         )
     else:
-        out.print(f"imported {len(parsed.rows)} events as run {parsed.run}")
+        say(f"imported {len(parsed.rows)} events as run {parsed.run}")
 
 
 # ── demo ───────────────────────────────────────────────────────────────────────
@@ -233,7 +269,7 @@ def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
     from fleetledger.controller.demo import new_demo_run_id, run_demo
 
     run = new_demo_run_id()
-    with open_log(db) as log:
+    with open_log(db, mode="write") as log:
         for number, (ledger, step) in enumerate(run_demo(log, run), start=1):
             doc = membership_document(ledger.view)
             if as_json:
@@ -259,17 +295,18 @@ def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
                 continue
             states = " ".join(f"{i}:{s['state']}" for i, s in doc["shards"].items())
             world = doc["layout"]["world_size"] if doc["layout"] else "-"
-            out.print(f"[bold]{number:2d}. {step.title}[/bold]")
+            say(f"{number:2d}. {step.title}", style="bold")
             for t in step.transitions:
-                out.print(f"      shard {t.shard}: {t.before.value} → {t.after.value} ({t.rule})")
-            out.print(
+                say(f"      shard {t.shard}: {t.before.value} → {t.after.value} ({t.rule})")
+            say(
                 f"      seq {doc['seq']} · epoch {doc['epoch']} · serving {doc['serving']} · "
                 f"absent {doc['absent']} · world {world} · {states}"
             )
         if not as_json:
-            out.print()
+            say()
             render_membership(ledger.view)
-            out.print(f"\nrun id: {run} — try `fleetledger membership {run} --at 5`")
+            say()
+            say(f"run id: {run} — try `fleetledger membership {run} --at 5`")
 
 
 # ── migrate ────────────────────────────────────────────────────────────────────
@@ -277,12 +314,23 @@ def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
 
 @app.command()
 @cli_errors
-def migrate(db: DbOption = None, as_json: JsonOption = False) -> None:
+def migrate(
+    db: DbOption = None,
+    into_foreign_database: Annotated[
+        bool,
+        typer.Option(
+            "--into-foreign-database",
+            help="PostgreSQL: create the ledger's fleetledger_* tables in a database that "
+            "already holds other tables (refused without it).",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
     """Upgrade the ledger schema to this version's head (required for PostgreSQL)."""
-    before, after = migrate_database(db)
+    before, after = migrate_database(db, into_foreign_database=into_foreign_database)
     if as_json:
         print_json({"from": before, "to": after})
     elif before == after:
-        out.print(f"ledger schema already at revision {after}")
+        say(f"ledger schema already at revision {after}")
     else:
-        out.print(f"ledger schema upgraded from {before or 'empty'} to revision {after}")
+        say(f"ledger schema upgraded from {before or 'empty'} to revision {after}")

@@ -13,13 +13,14 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.entry_table import EntryTable
 from fleetledger.cli.output import (
     CommandLineError,
     FoldProgress,
+    safe_text,
+    say,
     stdout_console,
     stdout_may_close,
     write_json_lines,
@@ -68,7 +69,7 @@ def replay(
     refits, restarts, decisions, stalls and the end."""
     if to_seq is not None and until is not None:
         raise CommandLineError("give --to SEQ or --until TIME, not both")
-    with open_log(db) as log:
+    with open_log(db, mode="read") as log:
         reader = RunReader(log, run)
         last = to_seq if until is None else reader.seq_until(until, "--until")
         config = reader.config
@@ -91,11 +92,11 @@ def replay(
             return
         console = stdout_console()
         if not entries:
-            console.print(Text(f"run {run}: no history entries in this range"))
+            console.print(safe_text(f"run {run}: no history entries in this range"))
             return
         first, final = entries[0], entries[-1]
         console.print(
-            Text(
+            safe_text(
                 f"run {run}: seqs {first.seq}..{final.seq}, "
                 f"{datetime_from_us(first.at_us):%Y-%m-%d %H:%M:%S} → "
                 f"{datetime_from_us(final.at_us):%Y-%m-%d %H:%M:%S} UTC, "
@@ -126,11 +127,11 @@ def watch(
     if not interval > 0:
         raise CommandLineError(f"--interval {interval}: give a positive number of seconds")
     try:
-        with open_log(db) as log, stdout_may_close():
+        with open_log(db, mode="read") as log, stdout_may_close():
             follower = Follower(log, run)
             view = follower.history.view
             # Status on stderr: stdout carries only entries (JSON lines stay clean).
-            typer.echo(
+            say(
                 f"watching run {run} from seq {view.seq} (epoch {view.epoch}, serving "
                 f"{list(view.serving)}, absent {list(view.absent)}); Ctrl-C to stop",
                 err=True,

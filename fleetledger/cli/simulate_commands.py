@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.ledger_commands import membership
-from fleetledger.cli.output import CommandLineError, write_json_lines
+from fleetledger.cli.output import CommandLineError, say, write_json_lines
 from fleetledger.cli.replay_commands import replay
 from fleetledger.logs import configure_logging
 
@@ -136,9 +136,9 @@ def simulate(
     # (which chaos does on purpose); stdout carries this command's answer, so everything
     # Ray prints goes to stderr while the cluster runs.
     progress = sys.stderr if as_json else sys.stdout
-    with open_log(db) as log, contextlib.redirect_stdout(sys.stderr):
+    with open_log(db, mode="write") as log, contextlib.redirect_stdout(sys.stderr):
         try:
-            result = run_simulation(log, spec, lambda line: typer.echo(line, file=progress))
+            result = run_simulation(log, spec, lambda line: say(line, file=progress))
         except ShardSpawnError as exc:
             raise CommandLineError(f"the generation shards did not start: {exc}") from None
         except OSError as exc:  # e.g. the metrics port is taken
@@ -156,7 +156,7 @@ def simulate(
             ]
         )
         return
-    typer.echo("")
+    say()
     membership(result.run, db=db)
-    typer.echo("")
+    say()
     replay(result.run, db=db)

@@ -7,8 +7,9 @@ colour cannot show, and how the run ended. The data is the run's history, as
 and the files are its painters (:mod:`fleetledger.cli.timeline`).
 
 The format comes from the file name, and is checked before the ledger is opened: a
-typo in ``-o`` should not cost a fold of a million events first. The file is written
-whole or not at all (a ``.partial`` sibling, renamed at the end).
+typo in ``-o`` should not cost a fold of a million events first; so is the directory,
+and once the ledger is open, that ``-o`` is not the ledger itself. The file is written
+whole (mode 0600) or not at all, by :func:`fleetledger.cli.output.whole_file`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Annotated, Literal
 import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
-from fleetledger.cli.output import out, print_json
+from fleetledger.cli.output import check_output, ledger_files, print_json, say, whole_file
 from fleetledger.cli.timeline import PAINTERS, AxisMode, PlotUnavailable, build_scene, plural
 from fleetledger.projections.lanes import lanes_of
 
@@ -68,21 +69,18 @@ def timeline(
     mode = AXIS_MODES.get(axis)
     if mode is None:
         raise _fail(f"--axis {axis!r}: choose 'time' or 'seq'")
-    if not output.parent.is_dir():
-        raise _fail(f"cannot write {output}: there is no directory {output.parent}")
+    check_output(output)
     painter = PAINTERS[kind]
     try:
         painter.require()
     except PlotUnavailable as exc:
         raise _fail(str(exc)) from None
-    with open_log(db) as log:
+    with open_log(db, mode="read") as log:
+        protect = ledger_files(log.database)
+        check_output(output, protect)  # never the ledger, and before a fold of the run
         lanes = lanes_of(log.read(run))
-    partial = output.with_name(output.name + ".partial")
-    try:
-        painter.write(build_scene(lanes, mode), partial)
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
+    with whole_file(output, protect) as stream:
+        painter.write(build_scene(lanes, mode), stream)
     summary = {
         "run": lanes.run,
         "output": str(output),
@@ -97,9 +95,8 @@ def timeline(
     if as_json:
         print_json(summary)
     else:
-        out.print(
+        say(
             f"wrote {output} ({kind.upper()}, {plural(lanes.shard_count, 'shard')}, "
             f"{plural(lanes.last_seq, 'event')}, {plural(len(lanes.refits), 'refit')}): "
-            f"{lanes.end_label()}",
-            markup=False,
+            f"{lanes.end_label()}"
         )

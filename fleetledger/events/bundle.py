@@ -26,30 +26,48 @@ Reading rules, and why:
   :func:`fleetledger.events.jsonl.parse_export`), the config against the run's
   ``run_started`` and the summary's counts against the events. The caller writes only
   what :func:`read_import` returns.
+- Reading is bounded, because a bundle comes from someone else: the file's size, the
+  directory's member count and size, each member's size and their sum, checked against
+  the zip directory before zipfile reads it and again as members inflate, and JSON as
+  strict as an event line's (limits in docs/events.md, "Limits").
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import itertools
 import json
 import re
+import struct
+import tempfile
 import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
 
-from fleetledger.events.codec import EventCodec, StoredRow, describe_validation_error
+from fleetledger import __version__
+from fleetledger.events.codec import (
+    EventCodec,
+    JSONRefused,
+    StoredRow,
+    cut,
+    describe_validation_error,
+    load_json,
+)
 from fleetledger.events.errors import EventDecodeError, ImportFileError, LedgerError
-from fleetledger.events.jsonl import ParsedRun, export_lines, parse_export
+from fleetledger.events.jsonl import (
+    MAX_EXPORT_BYTES,
+    ParsedRun,
+    export_lines,
+    parse_export,
+    read_lines,
+)
 from fleetledger.events.models import FleetConfig, RunStarted, iso_at, us_from_datetime
 
 BUNDLE_FORMAT = "fleetledger-bundle"
@@ -85,10 +103,7 @@ class BundleError(LedgerError):
 
 
 def fleetledger_version() -> str:
-    try:
-        return metadata.version("fleetledger")
-    except metadata.PackageNotFoundError:  # running from a source tree, not installed
-        return "unknown"
+    return __version__
 
 
 @dataclass(frozen=True)
@@ -137,19 +152,22 @@ def _json_bytes(doc: Any) -> bytes:
 
 
 def write_bundle(
-    path: Path,
+    stream: IO[bytes],
     run: str,
     pages: Iterable[list[StoredRow]],
     config: FleetConfig,
     membership: Mapping[str, Any],
     *,
     created: datetime | None = None,
+    name: str = "bundle",
 ) -> BundleManifest:
-    """Write ``run``'s stored rows (``pages``, from seq 1) as a bundle at ``path``.
+    """Write ``run``'s stored rows (``pages``, from seq 1) as a bundle into ``stream``.
 
     ``membership`` is the membership document at the last of those rows; the caller
-    folds it (this layer does not). The file appears whole or not at all: it is written
-    to a ``.partial`` sibling and renamed once complete.
+    folds it (this layer does not). ``name`` is what an error calls the bundle. This
+    layer writes no file: the caller owns the stream, and with it whether a file appears
+    whole or not at all (the CLI's ``whole_file``: a private temporary file, renamed
+    once complete, removed on any error raised here).
     """
     counts: Counter[str] = Counter()
 
@@ -169,41 +187,36 @@ def write_bundle(
         info.compress_type = zipfile.ZIP_DEFLATED
         return info
 
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            with archive.open(member(EVENTS), "w", force_zip64=True) as stream:
-                for line in export_lines(run, counted()):
-                    data = (line + "\n").encode("utf-8")
-                    digest.update(data)
-                    stream.write(data)
-                    events += 1
-            if events == 0:
-                raise BundleError(str(path), f"run {run!r} has no events to bundle")
-            manifest = BundleManifest(
-                format_version=BUNDLE_FORMAT_VERSION,
-                fleetledger_version=fleetledger_version(),
-                run=run,
-                events=events,
-                events_sha256=digest.hexdigest(),
-                created=iso_at(us_from_datetime(written)),
-            )
-            archive.writestr(member(CONFIG), _json_bytes(config.model_dump(mode="json")))
-            archive.writestr(
-                member(SUMMARY),
-                _json_bytes(
-                    {
-                        "run": run,
-                        "events": events,
-                        "events_by_type": dict(sorted(counts.items())),
-                        "membership": dict(membership),
-                    }
-                ),
-            )
-            archive.writestr(member(MANIFEST), _json_bytes(manifest.as_dict()))
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with archive.open(member(EVENTS), "w", force_zip64=True) as events_member:
+            for line in export_lines(run, counted()):
+                data = (line + "\n").encode("utf-8")
+                digest.update(data)
+                events_member.write(data)
+                events += 1
+        if events == 0:
+            raise BundleError(name, f"run {run!r} has no events to bundle")
+        manifest = BundleManifest(
+            format_version=BUNDLE_FORMAT_VERSION,
+            fleetledger_version=fleetledger_version(),
+            run=run,
+            events=events,
+            events_sha256=digest.hexdigest(),
+            created=iso_at(us_from_datetime(written)),
+        )
+        archive.writestr(member(CONFIG), _json_bytes(config.model_dump(mode="json")))
+        archive.writestr(
+            member(SUMMARY),
+            _json_bytes(
+                {
+                    "run": run,
+                    "events": events,
+                    "events_by_type": dict(sorted(counts.items())),
+                    "membership": dict(membership),
+                }
+            ),
+        )
+        archive.writestr(member(MANIFEST), _json_bytes(manifest.as_dict()))
     return manifest
 
 
@@ -215,22 +228,42 @@ def looks_like_bundle(head: bytes) -> bool:
     return head[:SNIFF_BYTES] in ZIP_MAGIC
 
 
+# What one import reads of a bundle, at most (docs/events.md, "Limits"). A zip archive
+# states its members' sizes in its directory, but a directory can lie and 400 KB can
+# inflate to gigabytes: a member's size is checked against the directory before it is
+# opened, and again on the bytes as they inflate.
+MAX_MEMBERS = 64
+MAX_DIRECTORY_BYTES = 1 << 20  # the zip's central directory, which zipfile reads whole
+MAX_DOCUMENT_BYTES = 2 << 20  # manifest.json, config.json, summary.json: parsed whole
+MAX_MEMBER_BYTES = MAX_EXPORT_BYTES  # events.jsonl, and members this version ignores
+MAX_BUNDLE_BYTES = 80 << 20  # every member together, uncompressed
+# The file itself: every member stored (not deflated), plus headers and the directory.
+MAX_BUNDLE_FILE_BYTES = MAX_BUNDLE_BYTES + MAX_DIRECTORY_BYTES
+DOCUMENTS = (MANIFEST, CONFIG, SUMMARY)
+_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+# The end-of-central-directory record, and the zip64 locator and record before it.
+_END = struct.Struct("<4s4H2LH")
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+
+
 def read_import(
     stream: IO[bytes], source: str, codec: EventCodec, rename_to: str | None = None
 ) -> Imported:
     """Check a whole import file — a bundle or a JSON Lines export — and return its rows.
 
-    The kind is told from the first bytes. A stream that cannot seek (stdin) is read
-    whole when it is a bundle, because a zip archive is read from its end.
+    The kind is told from the first bytes. A bundle on a stream that cannot seek (stdin)
+    is first copied to an anonymous temporary file, because a zip archive is read from
+    its end; memory holds no more of it than of a bundle read from a file.
     """
     head = stream.read(SNIFF_BYTES)
     if looks_like_bundle(head):
         if stream.seekable():
             stream.seek(0)
-            archive_source: IO[bytes] = stream
-        else:
-            archive_source = io.BytesIO(head + stream.read())
-        return read_bundle(archive_source, source, codec, rename_to)
+            return read_bundle(stream, source, codec, rename_to)
+        with tempfile.TemporaryFile() as spool:
+            _spool(head, stream, spool, source)
+            return read_bundle(spool, source, codec, rename_to)
     if source.lower().endswith(".zip"):
         raise BundleError(
             source,
@@ -238,9 +271,22 @@ def read_import(
             "`fleetledger export RUN --bundle FILE` writes); the file is damaged or "
             "something else",
         )
-    # The first line, whole, then the rest of the stream line by line.
-    lines = itertools.chain(io.BytesIO(head + stream.readline()), stream)
-    return Imported(parse_export(lines, codec, rename_to), None)
+    return Imported(parse_export(read_lines(stream, head=head), codec, rename_to), None)
+
+
+def _spool(head: bytes, stream: IO[bytes], spool: IO[bytes], source: str) -> None:
+    spool.write(head)
+    size = len(head)
+    while chunk := stream.read(1 << 20):
+        size += len(chunk)
+        if size > MAX_BUNDLE_FILE_BYTES:
+            raise BundleError(
+                source,
+                f"the bundle goes on past {MAX_BUNDLE_FILE_BYTES:,} bytes, the largest file "
+                "one import reads (docs/events.md, Limits); nothing was imported",
+            )
+        spool.write(chunk)
+    spool.seek(0)
 
 
 def read_bundle(
@@ -250,23 +296,92 @@ def read_bundle(
     rename_to: str | None = None,
 ) -> Imported:
     """Check every part of a bundle; raises :class:`BundleError` naming the first problem."""
+    if isinstance(archive_source, Path):
+        with archive_source.open("rb") as stream:
+            return read_bundle(stream, source, codec, rename_to)
     try:
+        _check_extent(archive_source, source)
         with zipfile.ZipFile(archive_source) as archive:
             return _read_archive(archive, source, codec, rename_to)
     except _ARCHIVE_ERRORS as exc:
         raise BundleError(
             source,
-            f"the bundle's zip archive is truncated or corrupted ({exc}); nothing was "
-            "imported — export the run again",
+            f"the bundle's zip archive is truncated or corrupted ({cut(str(exc))}); nothing "
+            "was imported — export the run again",
         ) from None
+
+
+def _check_extent(stream: IO[bytes], source: str) -> None:
+    """Refuse a file too large to be a bundle, or one whose directory is, before zipfile
+    reads that directory whole (and makes an object of each of its entries)."""
+    size = stream.seek(0, io.SEEK_END)
+    if size > MAX_BUNDLE_FILE_BYTES:
+        raise BundleError(
+            source,
+            f"the file is {size:,} bytes; a bundle is at most {MAX_BUNDLE_FILE_BYTES:,} "
+            "(docs/events.md, Limits); nothing was imported",
+        )
+    end = _end_of_directory(stream, size)
+    if end is not None:
+        members, directory = end
+        if members > MAX_MEMBERS or directory > MAX_DIRECTORY_BYTES:
+            raise BundleError(
+                source,
+                f"the zip directory lists {members:,} members in {directory:,} bytes; a "
+                f"bundle has at most {MAX_MEMBERS} members in {MAX_DIRECTORY_BYTES:,} bytes "
+                "(docs/events.md, Limits); nothing was imported",
+            )
+    stream.seek(0)
+
+
+def _end_of_directory(stream: IO[bytes], size: int) -> tuple[int, int] | None:
+    """(member count, directory bytes) as zipfile will take them: from the record at the
+    very end, else the last one in the 64 KiB comment window, and from the zip64 record
+    when a locator precedes it. None when there is none (zipfile then refuses the file)."""
+    if size < _END.size:
+        return None
+    stream.seek(size - _END.size)
+    record = stream.read(_END.size)
+    at = size - _END.size
+    if not (record[:4] == b"PK\x05\x06" and record[-2:] == b"\0\0"):
+        start = max(at - (1 << 16), 0)
+        stream.seek(start)
+        tail = stream.read()
+        found = tail.rfind(b"PK\x05\x06")
+        if found < 0 or len(tail) - found < _END.size:
+            return None
+        at, record = start + found, tail[found : found + _END.size]
+    fields = _END.unpack(record)
+    members, directory = fields[4], fields[5]
+    if at >= _END64_LOCATOR.size + _END64.size:
+        stream.seek(at - _END64_LOCATOR.size - _END64.size)
+        zip64 = stream.read(_END64.size + _END64_LOCATOR.size)
+        if zip64[_END64.size :][:4] == b"PK\x06\x07" and zip64[:4] == b"PK\x06\x06":
+            fields = _END64.unpack(zip64[: _END64.size])
+            members, directory = fields[7], fields[8]
+    return members, directory
 
 
 def _read_archive(
     archive: zipfile.ZipFile, source: str, codec: EventCodec, rename_to: str | None
 ) -> Imported:
-    names = set(archive.namelist())
+    infos = archive.infolist()
+    names = Counter(info.filename for info in infos)
+    if len(infos) > MAX_MEMBERS:
+        raise BundleError(
+            source,
+            f"the zip archive holds {len(infos):,} members; a bundle has at most {MAX_MEMBERS} "
+            "(docs/events.md, Limits); nothing was imported",
+        )
+    twice = sorted(name for name, count in names.items() if count > 1)
+    if twice:
+        raise BundleError(
+            source,
+            f"the zip archive holds more than one member named {cut(repr(twice[0]))}: which "
+            "one is the bundle's is anyone's guess; nothing was imported",
+        )
     if MANIFEST not in names:
-        held = ", ".join(sorted(names)[:8]) or "nothing"
+        held = cut(", ".join(sorted(names)[:8]) or "nothing")
         raise BundleError(
             source,
             f"a zip archive, but not a fleetledger bundle: it has no {MANIFEST} (it holds {held})",
@@ -275,11 +390,15 @@ def _read_archive(
     missing = [name for name in MEMBERS if name not in names]
     if missing:
         raise BundleError(source, f"the bundle lacks {', '.join(missing)}")
+    _check_sizes(infos, source)
 
     digest = hashlib.sha256()
-    lines = 0
-    with archive.open(EVENTS) as member:  # the archive's CRC is checked at its end
+    lines = size = 0
+    with _open_member(archive, EVENTS, source) as member:  # its CRC is checked at its end
         for chunk in iter(lambda: member.read(1 << 20), b""):
+            size += len(chunk)
+            if size > MAX_MEMBER_BYTES:
+                raise _inflates_past(archive, EVENTS, MAX_MEMBER_BYTES, source)
             digest.update(chunk)
             lines += chunk.count(b"\n")
     if digest.hexdigest() != manifest.events_sha256:
@@ -296,29 +415,83 @@ def _read_archive(
             "nothing was imported",
         )
 
-    with archive.open(EVENTS) as member:
+    with _open_member(archive, EVENTS, source) as member:
         try:
-            parsed = parse_export(member, codec)
+            parsed = parse_export(read_lines(member, limit=MAX_MEMBER_BYTES), codec)
         except ImportFileError as exc:
             raise BundleError(source, f"{EVENTS} line {exc.line}: {exc.problem}") from None
     if parsed.run != manifest.run:
         raise BundleError(
-            source, f"{MANIFEST} names run {manifest.run!r}, but {EVENTS} holds run {parsed.run!r}"
+            source,
+            f"{MANIFEST} names run {cut(repr(manifest.run))}, but {EVENTS} holds run "
+            f"{cut(repr(parsed.run))}",
         )
 
     config = _config(archive, source, codec, parsed)
     summary = _json_member(archive, SUMMARY, source)
     _check_summary(summary, parsed, source)
-    return Imported(
-        ParsedRun(rename_to or parsed.run, parsed.rows), Bundle(manifest, config, summary)
+    run = parsed.run if rename_to is None else rename_to
+    return Imported(ParsedRun(run, parsed.rows), Bundle(manifest, config, summary))
+
+
+def _limit(name: str) -> int:
+    return MAX_DOCUMENT_BYTES if name in DOCUMENTS else MAX_MEMBER_BYTES
+
+
+def _check_sizes(infos: list[zipfile.ZipInfo], source: str) -> None:
+    """Every member's size, and their sum, as the zip directory states them."""
+    for info in infos:
+        if info.file_size > _limit(info.filename):
+            raise BundleError(
+                source,
+                f"{cut(info.filename)} is {info.file_size:,} bytes uncompressed, says the zip "
+                f"directory; a bundle's {cut(info.filename)} is at most "
+                f"{_limit(info.filename):,} (docs/events.md, Limits); nothing was imported",
+            )
+    total = sum(info.file_size for info in infos)
+    if total > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            source,
+            f"the members are {total:,} bytes uncompressed, says the zip directory; a bundle "
+            f"holds at most {MAX_BUNDLE_BYTES:,} (docs/events.md, Limits); nothing was imported",
+        )
+
+
+def _open_member(archive: zipfile.ZipFile, name: str, source: str) -> IO[bytes]:
+    """A member to read, once its stated size and its compression are ones a bundle has."""
+    info = archive.getinfo(name)
+    _check_sizes([info], source)
+    if info.compress_type not in _METHODS:
+        raise BundleError(
+            source,
+            f"{name} is compressed with zip method {info.compress_type}; a bundle's members "
+            "are stored or deflated; nothing was imported",
+        )
+    return archive.open(info)
+
+
+def _inflates_past(archive: zipfile.ZipFile, name: str, limit: int, source: str) -> BundleError:
+    return BundleError(
+        source,
+        f"{name} inflates past {limit:,} bytes, though the zip directory says "
+        f"{archive.getinfo(name).file_size:,}: the archive is damaged or made to mislead; "
+        "nothing was imported",
     )
 
 
 def _json_member(archive: zipfile.ZipFile, name: str, source: str) -> dict[str, Any]:
+    with _open_member(archive, name, source) as member:
+        data = member.read(MAX_DOCUMENT_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise _inflates_past(archive, name, MAX_DOCUMENT_BYTES, source)
     try:
-        doc = json.loads(archive.read(name).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(source, f"{name} is not valid JSON: {exc}") from None
+        doc = load_json(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BundleError(
+            source, f"{name} is not UTF-8 text: {exc.reason} at byte {exc.start + 1}"
+        ) from None
+    except JSONRefused as exc:
+        raise BundleError(source, f"{name}: {exc.problem}") from None
     if not isinstance(doc, dict):
         raise BundleError(source, f"{name} must hold a JSON object, not {type(doc).__name__}")
     return doc
@@ -328,18 +501,18 @@ def _manifest(doc: dict[str, Any], source: str) -> BundleManifest:
     if doc.get("format") != BUNDLE_FORMAT:
         raise BundleError(
             source,
-            f"{MANIFEST} says format {doc.get('format')!r}, not {BUNDLE_FORMAT!r}: "
+            f"{MANIFEST} says format {cut(repr(doc.get('format')))}, not {BUNDLE_FORMAT!r}: "
             "not a fleetledger bundle",
         )
     version = doc.get("format_version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise BundleError(source, f"{MANIFEST}: format_version {version!r} is not valid")
+        raise BundleError(source, f"{MANIFEST}: format_version {cut(repr(version))} is not valid")
     if version > BUNDLE_FORMAT_VERSION:
         writer = doc.get("fleetledger_version")
-        by = f" (written by fleetledger {writer})" if isinstance(writer, str) else ""
+        by = f" (written by fleetledger {cut(writer)})" if isinstance(writer, str) else ""
         raise BundleError(
             source,
-            f"bundle format version {version}{by} is newer than version "
+            f"bundle format version {cut(str(version))}{by} is newer than version "
             f"{BUNDLE_FORMAT_VERSION}, the newest this fleetledger {fleetledger_version()} "
             "reads; upgrade fleetledger to import it",
         )
@@ -354,7 +527,7 @@ def _manifest(doc: dict[str, Any], source: str) -> BundleManifest:
         value = doc.get(key)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise BundleError(
-                source, f"{MANIFEST}: {key!r} must be a {kind.__name__}, got {value!r}"
+                source, f"{MANIFEST}: {key!r} must be a {kind.__name__}, got {cut(repr(value))}"
             )
     if doc["events"] < 1:
         raise BundleError(source, f"{MANIFEST}: 'events' must be >= 1, got {doc['events']}")
@@ -405,6 +578,6 @@ def _check_summary(summary: dict[str, Any], parsed: ParsedRun, source: str) -> N
     if by_type != dict(actual):
         raise BundleError(
             source,
-            f"{SUMMARY} counts events by type as {by_type}, but {EVENTS} holds "
+            f"{SUMMARY} counts events by type as {cut(str(by_type))}, but {EVENTS} holds "
             f"{dict(sorted(actual.items()))}",
         )

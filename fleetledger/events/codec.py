@@ -5,19 +5,30 @@ lifts the payload one version at a time until it matches the current model. A ty
 this code does not know, or a version newer than it reads, is an error naming the run
 and seq — never a silent skip, because a replay that skips an event folds a different
 fleet than the one that ran.
+
+Everything read from outside (an import line, a bundle member) goes through
+:func:`load_json`, which refuses what ``json.loads`` would let through and then
+misread or write back as something that is not JSON: ``NaN``/``Infinity`` and numbers
+that overflow a float (exported as invalid JSON), a key twice in one object (the last
+silently wins), a lone UTF-16 surrogate escape (not a character: unwritable as UTF-8),
+nesting deeper than :data:`MAX_JSON_DEPTH`, and an integer longer than Python reads.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.errors import EventDecodeError
-from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent
+from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent, us_from_datetime
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -28,6 +39,112 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 # One row of the events table as read: (seq, at_us, type, schema_version, payload).
 StoredRow = tuple[int, int, str, int, str]
+
+# The deepest nesting an imported document may have. An event line is an object (1)
+# holding ``data`` (2); a run_started's config (3) holds the free-form ``settings`` (4):
+# 64 leaves settings 60 levels. A hostile 100,000-deep line stops json's parser at
+# Python's recursion limit (caught); anything deeper than 64 is refused before pydantic
+# or json.dumps recurse through it.
+MAX_JSON_DEPTH = 64
+# Stamps are microseconds since the epoch, written back as ISO 8601 in UTC: a time is
+# storable when its UTC instant is one Python's datetime holds.
+FIRST_STAMP = us_from_datetime(datetime.min.replace(tzinfo=UTC))
+LAST_STAMP = us_from_datetime(datetime.max.replace(tzinfo=UTC))
+# A \uD800..\uDFFF escape: only a lone one (not half of a pair) is refused.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class JSONRefused(ValueError):
+    """Text :func:`load_json` refuses; ``problem`` says why (the caller says where)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def _no_constant(name: str) -> Any:
+    raise JSONRefused(f"{name} is not a JSON number (JSON has no NaN or infinity)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JSONRefused(
+            f"the number {cut(text, 24)} overflows a float (it would be written back as inf)"
+        )
+    return value
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise JSONRefused(f"duplicate key {cut(repr(key))} in one object")
+            seen.add(key)
+    return obj
+
+
+def cut(text: str, limit: int = 80) -> str:
+    """``text`` cut short for an error line, which must not carry a megabyte of input."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+# One decoder for every document: json.loads with hooks builds a new one per call.
+_DECODER = json.JSONDecoder(
+    parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_object
+)
+
+
+def load_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse one JSON document strictly; raises :class:`JSONRefused` naming the problem."""
+    try:
+        doc = _DECODER.decode(text)
+    except JSONRefused:
+        raise
+    except json.JSONDecodeError as exc:
+        at = f"line {exc.lineno}, column {exc.colno}" if exc.lineno > 1 else f"column {exc.colno}"
+        raise JSONRefused(f"not valid JSON: {exc.msg} at {at}") from None
+    except RecursionError:
+        raise JSONRefused(f"nested deeper than {max_depth} levels") from None
+    except ValueError:  # int(): more digits than the interpreter converts
+        raise JSONRefused(
+            f"an integer has more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    if text.count("[") + text.count("{") > max_depth and isinstance(doc, dict | list):
+        if _deeper_than(doc, max_depth):
+            raise JSONRefused(f"nested deeper than {max_depth} levels")
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise JSONRefused(
+                "a \\u escape names a lone UTF-16 surrogate, which is not a character"
+            ) from None
+    return doc
+
+
+def stamp_of(at: datetime) -> int:
+    """The stored stamp of an aware time; ValueError when it has none."""
+    stamp = us_from_datetime(at)  # ValueError for a naive time
+    if not FIRST_STAMP <= stamp <= LAST_STAMP:
+        raise ValueError(
+            "in UTC that is outside the times fleetledger stores "
+            "(0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z)"
+        )
+    return stamp
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -67,7 +184,7 @@ class EventCodec:
             raise EventDecodeError(
                 run,
                 seq,
-                f"unknown event type {type_!r}; this fleetledger knows "
+                f"unknown event type {cut(repr(type_))}; this fleetledger knows "
                 f"{', '.join(sorted(self._types))}. Was it written by a newer version?",
             )
         current = cls.SCHEMA_VERSION
@@ -84,6 +201,9 @@ class EventCodec:
             data = json.loads(payload) if isinstance(payload, str | bytes) else dict(payload)
         except json.JSONDecodeError as exc:
             raise EventDecodeError(run, seq, f"payload is not valid JSON: {exc}") from None
+        except (RecursionError, ValueError):  # json: too deep; int(): too many digits
+            problem = "payload nests too deeply or holds an integer too long to read"
+            raise EventDecodeError(run, seq, problem) from None
         if not isinstance(data, dict):
             raise EventDecodeError(run, seq, "payload is not a JSON object")
         for from_version in range(version, current):
@@ -107,6 +227,27 @@ class EventCodec:
             raise EventDecodeError(
                 run, seq, f"invalid {type_!r} event: {describe_validation_error(exc)}"
             ) from None
+
+    def difference(
+        self, run: str, seq: int, type_: str, version: int, payload: str, event: Event
+    ) -> str | None:
+        """None when the stored row at ``seq`` holds ``event``; else how the two differ.
+
+        Compared as the codec encodes them now: a row stored by an import (its own key
+        order and escapes) or at an older schema version holds the same event when its
+        decoded, upcast event encodes to the same payload.
+        """
+        fresh = self.encode(event)
+        if (type_, version, payload) == fresh:
+            return None
+        if type_ != fresh[0]:
+            return f"a {type_!r} event, not {fresh[0]!r}"
+        stored = self.decode(run, seq, type_, version, payload)
+        if self.encode(stored)[2] == fresh[2]:
+            return None
+        old, new = stored.model_dump(mode="json"), event.model_dump(mode="json")
+        fields = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        return f"a {type_!r} event with other {', '.join(fields) or 'content'}"
 
     def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
         """Decode a page of rows; rows at their type's current version take a fast path.

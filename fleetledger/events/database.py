@@ -1,71 +1,126 @@
-"""Opening a ledger database: engine settings per backend, and the schema revision check.
+"""Opening a ledger database: the open mode, engine settings per backend, and the schema
+revision check.
 
 Rules that live here:
 
+- Every open says what it is for. A **read** open (``mode="read"``: the commands that
+  only look) never creates, initialises, upgrades or writes a ledger: a missing path is
+  "no ledger at PATH", an empty file or a dangling symlink is refused, a SQLite file is
+  opened through a ``file:`` URI with ``mode=ro`` and a PostgreSQL session runs with
+  ``default_transaction_read_only``, so not even a bug can write through it. A **write**
+  open (``mode="write"``, the default of the API) may create a new SQLite ledger.
 - SQLite is the embedded default. Every connection runs in WAL mode with
   ``synchronous=FULL`` (a commit that returned survives power loss) and a busy timeout;
   write transactions start with ``BEGIN IMMEDIATE`` so concurrent appenders queue for
   the write lock up front instead of failing half-way on a lock upgrade. The file is
-  created with mode 0600: a ledger holds a run's configuration and its URLs.
+  created with mode 0600: a ledger holds a run's configuration and its URLs. A
+  ``mode=ro`` URL is honoured (a write through it is refused), with or without
+  ``uri=true``: every SQLite URL is handed to the driver as a ``file:`` URI.
 - PostgreSQL serves several processes or hosts writing one run. Its schema is never
   changed implicitly: a shared database is migrated on purpose, with
-  ``fleetledger migrate``. SQLite ledgers are upgraded on open (and say so).
+  ``fleetledger migrate``, and a database that already holds other tables only when
+  asked (``--into-foreign-database``). SQLite ledgers are upgraded on a write open (and
+  say so). Every session has a bounded connect, lock-wait and statement time
+  (``PG_CONNECT_TIMEOUT_S``, ``PG_SESSION_DEFAULTS``); what the URL sets wins.
 - A database at a revision this code does not know, or one that holds somebody
   else's tables, is refused before anything is written.
+- A URL's password is never shown: messages name the database by ``display_url``, and
+  driver text is scrubbed of the password before it is quoted.
+
+Reading a WAL-mode SQLite file without writing (measured on SQLite 3.40): a reader needs
+the WAL index, ``LEDGER-shm``. A ``mode=ro`` connection joins an index that exists (a
+read-only one too: SQLite then reads the WAL into private memory), and otherwise creates
+``-shm`` and ``-wal`` beside the file — and cannot remove them when it closes, because
+removing them takes the write lock. So a read open, when no ``-shm`` is there:
+
+- the file and its directory are writable: a query-only read-write "keeper" connection
+  is opened first and closed last; as the last connection to close it removes the
+  ``-wal`` and ``-shm``, as every SQLite writer's last close does. Every read still goes
+  through a ``mode=ro`` connection.
+- they are not, the file system is mounted read-only and no ``-wal`` is there:
+  ``immutable=1``. Nothing writes through a read-only mount, and a writer elsewhere
+  would first have to create the ``-wal`` beside the file. (``immutable=1`` ignores a
+  ``-wal``: with one present it would read a stale ledger, so it is never used then.)
+- otherwise the ledger is refused as not writable, with what to do: SQLite cannot read
+  it without creating files it could not remove (or cannot create them at all).
 """
 
 from __future__ import annotations
 
-import os
-import stat
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Literal
 
 import structlog
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
+from fleetledger.events.db_urls import (
+    display_url_of,
+    parse_db_url,
+    resolve_db_url,
+    scrub_password,
+)
 from fleetledger.events.errors import (
+    LedgerNotWritable,
     LedgerOpenError,
-    MigrationRequired,
-    UnknownRevision,
     first_line,
 )
+from fleetledger.events.postgres_session import postgres_engine, waited_too_long
+from fleetledger.events.revisions import (
+    check_known,
+    check_readable,
+    head_revision,
+    migration_required,
+    refuse_foreign,
+    schema_state,
+    upgrade,
+)
+from fleetledger.events.sqlite_file import (
+    check_readable_file,
+    open_keeper,
+    params_read_only,
+    plan_sqlite_read,
+    prepare_sqlite_file,
+    sqlite_engine,
+    sqlite_engine_url,
+    sqlite_params,
+    sqlite_path,
+    use_wal,
+)
 
-DEFAULT_DB_URL = "sqlite:///fleetledger.db"
-DB_URL_ENV = "FLEETLEDGER_DB"
-VERSION_TABLE = "fleetledger_alembic_version"
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-LEDGER_TABLE_PREFIX = "fleetledger_"
+OpenMode = Literal["read", "write"]
+
 
 _log = structlog.get_logger("fleetledger.database")
 
 
-def resolve_db_url(url: str | None) -> str:
-    """``--db`` wins, then ``$FLEETLEDGER_DB``, then ``sqlite:///fleetledger.db`` here."""
-    return url or os.environ.get(DB_URL_ENV) or DEFAULT_DB_URL
-
-
 @dataclass
 class Database:
-    """An engine bound to a ledger whose schema is at this code's head revision."""
+    """An engine bound to a ledger whose schema this code can use.
+
+    Write opens are at this code's head revision; a read open may be at an older
+    revision the read path can still query (``revision``).
+    """
 
     engine: Engine
     url: URL
     backend: str  # "sqlite" | "postgresql"
     upgraded_from: str | None  # the revision an automatic upgrade started from
     created: bool  # the schema was created by this open
+    read_only: bool = False  # opened to read (mode="read", or a mode=ro SQLite URL)
+    revision: str | None = None  # the schema revision found (after any upgrade)
+    # SQLite read opens only: the connection that removes the -wal/-shm when it closes.
+    keeper: sqlite3.Connection | None = field(default=None, repr=False)
 
     @property
     def display_url(self) -> str:
-        return self.url.render_as_string(hide_password=True)
+        return display_url_of(self.url)
+
+    def scrub(self, text: str) -> str:
+        """Driver text with this URL's password, should it appear, replaced by ***."""
+        return scrub_password(text, self.url.password)
 
     def write_connection(self) -> Connection:
         """A connection whose transactions take the write lock when they begin."""
@@ -73,282 +128,180 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:  # last: it removes the index files the readers used
+            keeper.close()
 
 
-def _parse_url(url: str) -> URL:
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as exc:
-        raise LedgerOpenError(
-            f"cannot parse database URL {url!r}: {exc}. Use sqlite:///path/to/ledger.db "
-            "or postgresql://user@host:5432/dbname"
-        ) from None
-    if parsed.drivername in ("postgresql", "postgres"):
-        # psycopg 3 is the driver the postgres extra installs; psycopg2 is not a dependency.
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise LedgerOpenError(
-            f"unsupported database {parsed.get_backend_name()!r} in {url!r}: "
-            "fleetledger stores its log in SQLite or PostgreSQL"
-        )
-    return parsed
-
-
-def _sqlite_read_only(url: URL) -> bool:
-    return url.query.get("mode") == "ro"
-
-
-def _sqlite_path(url: URL) -> Path:
-    database = url.database
-    if not database or database == ":memory:" or database.startswith("file::memory:"):
-        raise LedgerOpenError(
-            "an in-memory SQLite database cannot hold a ledger (nothing would survive the "
-            "process); give a file, e.g. sqlite:///fleetledger.db"
-        )
-    if database.startswith("file:"):
-        database = database[len("file:") :]
-    return Path(database)
-
-
-def _prepare_sqlite_file(url: URL) -> None:
-    """Create a missing ledger file with mode 0600 before SQLite creates it 0644."""
-    path = _sqlite_path(url)
-    if path.exists():
-        if not path.is_file():
-            raise LedgerOpenError(f"{path} is not a file; a SQLite ledger must be a file")
-        return
-    if _sqlite_read_only(url):
-        raise LedgerOpenError(f"{path} does not exist (opened read-only, so it was not created)")
-    if not path.parent.exists():
-        raise LedgerOpenError(f"cannot create {path}: directory {path.parent} does not exist")
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, stat.S_IRUSR | stat.S_IWUSR)
-    except FileExistsError:
-        return  # another process created it first
-    except OSError as exc:
-        raise LedgerOpenError(f"cannot create {path}: {exc.strerror}") from None
-    os.close(fd)
-
-
-def _sqlite_engine(url: URL) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-
-    @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection: Any, _record: Any) -> None:
-        # Take transaction control from the driver so BEGIN IMMEDIATE can be issued.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            # No PRAGMA journal_mode=WAL here: it rewrites the file's header, and a file is
-            # put in WAL mode only once it is known to be a ledger (_use_wal).
-            # FULL: a commit that returned is on disk, not only in the WAL's page cache.
-            cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        finally:
-            cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Connection) -> None:
-        # Writers take the lock at BEGIN: seq assignment then happens one transaction
-        # at a time, and no writer can fail on a read-to-write lock upgrade.
-        # Straight to the driver: this runs once per append, and Core's execution
-        # pipeline costs more than SQLite's BEGIN does.
-        driver = conn.connection.driver_connection
-        if conn.get_execution_options().get("fleetledger_write"):
-            driver.execute("BEGIN IMMEDIATE")
-        else:
-            driver.execute("BEGIN")
-
-    return engine
-
-
-def _use_wal(engine: Engine) -> None:
-    """Put a SQLite ledger in WAL mode: the mode is stored in the file, so this writes.
-
-    Called only once the file is known to be a ledger (or about to become one).
-    """
-    raw = engine.raw_connection()
-    try:
-        # Our connections have isolation_level None: this runs outside a transaction,
-        # the only place SQLite lets the journal mode change.
-        cursor = raw.driver_connection.cursor()
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-        finally:
-            cursor.close()
-    finally:
-        raw.close()
-
-
-def _refuse_foreign(state: SchemaState, where: str) -> None:
-    if state.revision is None and state.foreign_tables:
-        raise LedgerOpenError(
-            f"{where} is not a fleetledger ledger: it holds the tables "
-            f"{', '.join(state.foreign_tables)} and no fleetledger schema; refusing to "
-            "write into it. Point --db at a new file."
-        )
-
-
-def _postgres_engine(url: URL) -> Engine:
-    try:
-        return create_engine(url, pool_pre_ping=True)
-    except (NoSuchModuleError, ModuleNotFoundError):
-        raise LedgerOpenError(
-            "the PostgreSQL driver is not installed: pip install 'fleetledger[postgres]'"
-        ) from None
-
-
-def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", "fleetledger:migrations")
-    cfg.set_main_option("version_table", VERSION_TABLE)
-    if url is not None:
-        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    if connection is not None:
-        cfg.attributes["connection"] = connection
-    return cfg
-
-
-def head_revision() -> str:
-    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
-    assert len(heads) == 1, f"migrations have several heads: {heads}"
-    return heads[0]
-
-
-def _known_revisions() -> set[str]:
-    return {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
-
-
-@dataclass(frozen=True)
-class SchemaState:
-    revision: str | None
-    foreign_tables: tuple[str, ...]  # tables that are not fleetledger's
-
-
-def _schema_state(conn: Connection) -> SchemaState:
-    tables = inspect(conn).get_table_names()
-    revision = None
-    if VERSION_TABLE in tables:
-        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        revision = context.get_current_revision()
-    foreign = tuple(sorted(t for t in tables if not t.startswith(LEDGER_TABLE_PREFIX)))
-    return SchemaState(revision, foreign)
-
-
-def _check_known(revision: str | None, where: str) -> None:
-    if revision is not None and revision not in _known_revisions():
-        raise UnknownRevision(
-            f"{where} is at schema revision {revision!r}, which this fleetledger does not "
-            f"know (it knows up to {head_revision()!r}); it was written by a newer "
-            "fleetledger — upgrade fleetledger to open it"
-        )
-
-
-def _upgrade(conn: Connection) -> None:
-    command.upgrade(alembic_config(connection=conn), "head")
-
-
-def _connect_error(url: URL, exc: DBAPIError) -> LedgerOpenError:
-    detail = first_line(exc)
-    shown = url.render_as_string(hide_password=True)
+def _connect_error(url: URL, exc: BaseException) -> LedgerOpenError:
+    detail = scrub_password(first_line(exc), url.password)
+    lowered = detail.lower()
     if url.get_backend_name() == "sqlite":
+        path = sqlite_path(url)
+        if "unable to open" in lowered:
+            return LedgerOpenError(
+                f"cannot open {path}: {detail} (SQLite must read it and open or create "
+                f"{path.name}-wal and {path.name}-shm in {path.parent})"
+            )
+        if "readonly" in lowered or "read-only" in lowered:
+            return LedgerNotWritable(f"{path} is not writable: {detail}")
+        if "locked" in lowered:
+            return LedgerOpenError(f"{path} is locked by another process: {detail}")
         return LedgerOpenError(
-            f"{_sqlite_path(url)} is not a readable SQLite ledger (truncated, corrupted or "
+            f"{path} is not a readable SQLite ledger (truncated, corrupted or "
             f"not a database): {detail}"
         )
-    return LedgerOpenError(f"cannot use the ledger database at {shown}: {detail}")
+    waited = waited_too_long(detail, url)
+    hint = f" ({waited})" if waited else ""
+    return LedgerOpenError(
+        f"cannot use the ledger database at {display_url_of(url)}{hint}: {detail}"
+    )
 
 
-def open_database(url: str | None = None) -> Database:
-    """Open (and for SQLite, create or upgrade) the ledger at ``url``."""
-    parsed = _parse_url(resolve_db_url(url))
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        _prepare_sqlite_file(parsed)
-        engine = _sqlite_engine(parsed)
+# ── opening ──────────────────────────────────────────────────────────────────
+
+
+def open_database(url: str | None = None, *, mode: OpenMode = "write") -> Database:
+    """Open the ledger at ``url`` to read, or to write (a SQLite one created or upgraded)."""
+    parsed = parse_db_url(resolve_db_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        return _open_sqlite(parsed, mode)
+    return _open_postgres(parsed, mode)
+
+
+def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
+    path = sqlite_path(parsed)
+    params = sqlite_params(parsed)
+    read_only = mode == "read" or params_read_only(params)
+    keeper = None
+    if read_only:
+        check_readable_file(path)
+        params, wants_keeper = plan_sqlite_read(path, params)
+        try:
+            keeper = open_keeper(path) if wants_keeper else None
+        except sqlite3.Error as exc:
+            raise _connect_error(parsed, exc) from None
     else:
-        engine = _postgres_engine(parsed)
-    where = parsed.render_as_string(hide_password=True)
+        prepare_sqlite_file(path, params)
+    engine = sqlite_engine(sqlite_engine_url(path, params))
+    database = Database(engine, parsed, "sqlite", None, False, read_only, None, keeper)
+    where = database.display_url
     head = head_revision()
     try:
         with engine.connect() as conn:
-            state = _schema_state(conn)
+            state = schema_state(conn)
             conn.rollback()
-        _check_known(state.revision, where)
-        upgraded_from: str | None = None
-        created = False
-        if state.revision != head:
-            if backend == "postgresql":
-                raise MigrationRequired(
-                    f"the ledger at {where} is at schema revision {state.revision or 'none'}, "
-                    f"this fleetledger needs {head!r}: run `fleetledger migrate --db {where}` "
-                    "(shared databases are migrated on purpose, never on open)"
-                )
-            _refuse_foreign(state, where)
-            if _sqlite_read_only(parsed):
-                raise LedgerOpenError(
-                    f"{where} is opened read-only but its schema is at revision "
-                    f"{state.revision or 'none'}, older than {head!r}; open it writable once "
-                    "to upgrade it"
-                )
-            _use_wal(engine)  # before the first schema write
+        check_known(state.revision, where)
+        database.revision = state.revision
+        if read_only:
+            check_readable(state, where, "sqlite")
+        elif state.revision != head:
+            refuse_foreign(state, where)
+            use_wal(engine)  # before the first schema write
             # Re-check under the write lock: another process may be creating it right now.
             with engine.connect().execution_options(fleetledger_write=True) as conn:
                 with conn.begin():
-                    locked = _schema_state(conn)
-                    _check_known(locked.revision, where)
+                    locked = schema_state(conn)
+                    check_known(locked.revision, where)
                     if locked.revision != head:
-                        _upgrade(conn)
-                        created = locked.revision is None
-                        upgraded_from = locked.revision
-            if upgraded_from is not None:
+                        upgrade(conn)
+                        database.created = locked.revision is None
+                        database.upgraded_from = locked.revision
+            database.revision = head
+            if database.upgraded_from is not None:
                 _log.warning(
                     "ledger schema upgraded",
                     db=where,
-                    from_revision=upgraded_from,
+                    from_revision=database.upgraded_from,
                     to_revision=head,
                 )
-        elif backend == "sqlite" and not _sqlite_read_only(parsed):
-            _use_wal(engine)  # a no-op on a ledger already in WAL mode
+        else:
+            use_wal(engine)  # a no-op on a ledger already in WAL mode
     except DBAPIError as exc:
-        engine.dispose()
+        database.dispose()
         raise _connect_error(parsed, exc) from None
     except LedgerOpenError:
-        engine.dispose()
+        database.dispose()
         raise
-    return Database(engine, parsed, backend, upgraded_from, created)
+    return database
 
 
-def migrate(url: str | None = None) -> tuple[str | None, str]:
-    """Upgrade the ledger schema at ``url`` to this code's head; returns (from, to)."""
-    parsed = _parse_url(resolve_db_url(url))
-    if parsed.get_backend_name() == "sqlite":
-        _prepare_sqlite_file(parsed)
-        engine = _sqlite_engine(parsed)
-    else:
-        engine = _postgres_engine(parsed)
-    where = parsed.render_as_string(hide_password=True)
-    sqlite = parsed.get_backend_name() == "sqlite"
+def _open_postgres(parsed: URL, mode: OpenMode) -> Database:
+    read_only = mode == "read"
+    engine = postgres_engine(parsed, read_only=read_only)
+    database = Database(engine, parsed, "postgresql", None, False, read_only)
+    where = database.display_url
     try:
-        if sqlite:  # refuse before the first write, which _use_wal is
+        with engine.connect() as conn:
+            state = schema_state(conn)
+            conn.rollback()
+        check_known(state.revision, where)
+        if read_only:
+            check_readable(state, where, "postgresql")
+        elif state.revision != head_revision():
+            raise migration_required(state, where)
+        database.revision = state.revision
+    except DBAPIError as exc:
+        database.dispose()
+        raise _connect_error(parsed, exc) from None
+    except LedgerOpenError:
+        database.dispose()
+        raise
+    return database
+
+
+def migrate(
+    url: str | None = None, *, into_foreign_database: bool = False
+) -> tuple[str | None, str]:
+    """Upgrade the ledger schema at ``url`` to this code's head; returns (from, to).
+
+    A PostgreSQL database that holds other tables and no ledger is refused unless
+    ``into_foreign_database``; a SQLite file that does is always refused (a SQLite ledger
+    is a file of its own).
+    """
+    parsed = parse_db_url(resolve_db_url(url))
+    where = display_url_of(parsed)
+    sqlite = parsed.get_backend_name() == "sqlite"
+    if sqlite:
+        path = sqlite_path(parsed)
+        params = sqlite_params(parsed)
+        if params_read_only(params):
+            raise LedgerNotWritable(
+                f"{where} opens the ledger read-only (mode=ro or immutable in the URL); "
+                "migrating writes to it"
+            )
+        prepare_sqlite_file(path, params)
+        engine = sqlite_engine(sqlite_engine_url(path, params))
+    else:
+        engine = postgres_engine(parsed, read_only=False)
+    try:
+        if sqlite:  # refuse before the first write, which use_wal is
             with engine.connect() as conn:
-                state = _schema_state(conn)
+                state = schema_state(conn)
                 conn.rollback()
-            _check_known(state.revision, where)
-            _refuse_foreign(state, where)
-            _use_wal(engine)
+            check_known(state.revision, where)
+            refuse_foreign(state, where)
+            use_wal(engine)
         with engine.connect().execution_options(fleetledger_write=True) as conn:
             with conn.begin():
-                state = _schema_state(conn)
-                _check_known(state.revision, where)
+                state = schema_state(conn)
+                check_known(state.revision, where)
                 if sqlite:
-                    _refuse_foreign(state, where)
+                    refuse_foreign(state, where)
+                elif state.revision is None and state.foreign_tables and not into_foreign_database:
+                    raise LedgerOpenError(
+                        f"{where} holds the tables {', '.join(state.foreign_tables)} and no "
+                        "fleetledger schema; refusing to create a ledger among them: point "
+                        "--db at a database of its own, or pass --into-foreign-database to "
+                        "create the fleetledger_* tables beside them"
+                    )
                 if state.revision != head_revision():
-                    _upgrade(conn)
+                    upgrade(conn)
         return state.revision, head_revision()
     except DBAPIError as exc:
         raise _connect_error(parsed, exc) from None
     except CommandError as exc:
-        raise LedgerOpenError(f"migrating {where} failed: {exc}") from None
+        detail = scrub_password(str(exc), parsed.password)
+        raise LedgerOpenError(f"migrating {where} failed: {detail}") from None
     finally:
         engine.dispose()

@@ -27,6 +27,15 @@ class UnknownRevision(LedgerOpenError):
     """The database is at a schema revision this fleetledger does not know."""
 
 
+class NoLedger(LedgerOpenError):
+    """Nothing to read at the path or in the database (a read open never creates one)."""
+
+
+class LedgerNotWritable(LedgerOpenError):
+    """This process cannot write the ledger: a write open is refused, and so is a read
+    open that SQLite could only do by creating files beside the ledger."""
+
+
 class LedgerWriteError(LedgerError):
     """The database refused a write (read-only file, disk full, lost connection)."""
 
@@ -59,6 +68,26 @@ class AppendRejected(LedgerError):
 
 class UnknownRun(AppendRejected):
     """The run has no ``run_started`` event in this ledger."""
+
+
+class EventIdConflict(AppendRejected):
+    """An event id the run already holds, appended again as a different event.
+
+    The same id with the same content is a retry and returns the stored seq; an id
+    names one event, so other content under it is refused, naming the id and the seq.
+    """
+
+    def __init__(
+        self, run: str, event_id: str, stored_seq: int, stored_as: str, *, index: int | None
+    ) -> None:
+        super().__init__(
+            run,
+            f"event id {event_id} is already stored at seq {stored_seq} as {stored_as}; a "
+            "retry must resend the same event, and a new event needs a new id",
+            index=index,
+        )
+        self.event_id = event_id
+        self.stored_seq = stored_seq
 
 
 class ImportFileError(LedgerError):

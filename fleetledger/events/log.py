@@ -13,8 +13,10 @@ Guarantees, and how each is kept:
   the lock is held until commit, commit order equals seq order, so a reader tailing
   ``seq > n`` can never see seq n+2 before n+1 and skip it.
 - **Idempotent appends.** Every event carries a unique id; appending an id the run
-  already holds returns the stored seq and writes nothing, so a retry after an
-  ambiguous failure (a lost connection at COMMIT) does not duplicate.
+  already holds, as the same event, returns the stored seq and writes nothing, so a
+  retry after an ambiguous failure (a lost connection at COMMIT) does not duplicate.
+  The same id as another event is refused (``EventIdConflict``): its seq is not this
+  event's, and saying it is would lose the event.
 - **Nothing invalid is written.** A batch is checked whole before its first insert: the
   run must exist (or the batch must start it), shards must be in range, nothing may
   follow ``run_ended``. A refused batch leaves the log unchanged.
@@ -22,22 +24,23 @@ Guarantees, and how each is kept:
 
 from __future__ import annotations
 
-import threading
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, func, insert, select
-from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.batch_rules import check_batch
 from fleetledger.events.codec import EventCodec, StoredRow
-from fleetledger.events.database import Database, open_database
+from fleetledger.events.database import Database, OpenMode, open_database, waited_too_long
 from fleetledger.events.errors import (
     AppendRejected,
     EventDecodeError,
+    EventIdConflict,
     LedgerError,
     LedgerReadError,
     LedgerWriteError,
@@ -59,6 +62,7 @@ from fleetledger.events.statements import (
     driver_cursor,
     fetch_one,
 )
+from fleetledger.events.write_connections import RetryWithLookups, WriteConnections
 
 T = TypeVar("T")
 READ_PAGE = 20_000
@@ -86,10 +90,6 @@ class _Head(NamedTuple):
     ended: bool
 
 
-class _Retry(Exception):
-    """The fast path met an already-stored id or a racing run start: redo with lookups."""
-
-
 class EventLog:
     """Append, read and list runs in one ledger database."""
 
@@ -107,26 +107,16 @@ class EventLog:
         self._sql = Statements(database.engine.dialect)
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
-        # One write connection per thread, kept: checking one out of the pool for every
-        # append cost more than the append's own SQL.
-        self._writer = threading.local()
-        # Each kept connection with the thread that owns it: a thread that exits cannot
-        # close its own, so the next new writer closes those of dead threads.
-        self._writers: dict[Connection, threading.Thread] = {}
-        self._writers_lock = threading.Lock()
+        self._writes = WriteConnections(database)
 
     @classmethod
-    def open(cls, url: str | None = None, **kwargs: Any) -> EventLog:
-        return cls(open_database(url), **kwargs)
+    def open(cls, url: str | None = None, *, mode: OpenMode = "write", **kwargs: Any) -> EventLog:
+        """Open the ledger at ``url``: ``mode="read"`` never creates, upgrades or writes it
+        (its appends fail), ``"write"`` may create or upgrade a SQLite ledger."""
+        return cls(open_database(url, mode=mode), **kwargs)
 
     def close(self) -> None:
-        with self._writers_lock:
-            writers, self._writers = list(self._writers), {}
-        for conn in writers:
-            try:
-                conn.close()
-            except Exception:  # closing must not mask the caller's error
-                pass
+        self._writes.close()
         self.database.dispose()
 
     def __enter__(self) -> EventLog:
@@ -141,7 +131,8 @@ class EventLog:
         """Append ``batch`` to ``run`` in one transaction; returns each event's seq.
 
         Events whose id the run already holds are not written again: their stored seq
-        is returned. Raises :class:`AppendRejected` (nothing written) for invalid input
+        is returned (an id held as another event raises :class:`EventIdConflict`).
+        Raises :class:`AppendRejected` (nothing written) for invalid input
         and :class:`LedgerWriteError` when the database refuses the write.
         """
         check_run_id(run)
@@ -151,9 +142,11 @@ class EventLog:
         try:
             return self._remember(
                 run,
-                self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=False)),
+                self._writes.transact(
+                    lambda conn: self._append_in(conn, run, encoded, lookup=False)
+                ),
             )
-        except _Retry:
+        except RetryWithLookups:
             pass
         except BaseException:
             self._heads.pop(run, None)
@@ -165,9 +158,11 @@ class EventLog:
             try:
                 return self._remember(
                     run,
-                    self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=True)),
+                    self._writes.transact(
+                        lambda conn: self._append_in(conn, run, encoded, lookup=True)
+                    ),
                 )
-            except _Retry:
+            except RetryWithLookups:
                 continue
             except BaseException:
                 self._heads.pop(run, None)
@@ -205,71 +200,6 @@ class EventLog:
             out.append(_Encoded(event, type_, version, payload))
         return out
 
-    def _write_connection(self) -> Connection:
-        conn: Connection | None = getattr(self._writer, "conn", None)
-        if conn is None or conn.closed or conn.invalidated:
-            with self._writers_lock:
-                orphans = [c for c, t in self._writers.items() if not t.is_alive()]
-                for orphan in orphans:
-                    del self._writers[orphan]
-            for orphan in orphans:  # owned by exited threads: never in a transaction
-                try:
-                    orphan.close()
-                except Exception:
-                    pass
-            conn = self.database.write_connection()
-            self._writer.conn = conn
-            with self._writers_lock:
-                self._writers[conn] = threading.current_thread()
-        return conn
-
-    def _drop_write_connection(self) -> None:
-        conn: Connection | None = getattr(self._writer, "conn", None)
-        self._writer.conn = None
-        if conn is not None:
-            with self._writers_lock:
-                self._writers.pop(conn, None)
-            try:
-                conn.close()
-            except Exception:  # the connection is being discarded anyway
-                pass
-
-    def _transact(self, body: Callable[[Connection], T]) -> T:
-        dbapi = self.database.engine.dialect.loaded_dbapi
-        try:
-            conn = self._write_connection()
-        except DBAPIError as exc:
-            raise self._write_error(exc.orig or exc, False) from None
-        except SQLAlchemyError as exc:  # e.g. the pool's TimeoutError
-            raise self._write_error(exc, False) from None
-        try:
-            with conn.begin():
-                return body(conn)
-        except (IntegrityError, dbapi.IntegrityError):
-            # Raised through Core or straight from the driver cursor of the hot path.
-            raise _Retry() from None
-        except DBAPIError as exc:
-            self._drop_write_connection()
-            raise self._write_error(exc.orig or exc, exc.connection_invalidated) from None
-        except dbapi.Error as exc:
-            self._drop_write_connection()
-            raise self._write_error(exc, False) from None
-        except BaseException:
-            self._drop_write_connection()
-            raise
-
-    def _write_error(self, exc: BaseException, invalidated: bool) -> LedgerWriteError:
-        detail = first_line(exc)
-        hint = ""
-        if "readonly" in detail or "read-only" in detail:
-            hint = " (the ledger is read-only)"
-        elif invalidated or "closed" in detail.lower() or "terminat" in detail.lower():
-            hint = (
-                " (the connection was lost; the append may or may not have committed — "
-                "retry with the same events, their ids make the retry safe)"
-            )
-        return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
-
     def _cached_head(self, conn: Connection, run: str) -> _Head | None:
         """The head this log last wrote to ``run``, with the run locked (PostgreSQL)."""
         head = self._heads.get(run)
@@ -299,18 +229,7 @@ class EventLog:
         head = self._cached_head(conn, run) if not lookup else None
         if head is None:
             head = self._head(conn, run, lock=True)
-        stored: dict[str, int] = {}
-        if lookup and head is not None:
-            ids = [e.event.id for e in encoded]
-            for at in range(0, len(ids), LOOKUP_CHUNK):
-                stored.update(
-                    conn.execute(
-                        select(events.c.event_id, events.c.seq).where(
-                            events.c.run_id == run,
-                            events.c.event_id.in_(ids[at : at + LOOKUP_CHUNK]),
-                        )
-                    ).all()
-                )
+        stored = self._stored_seqs(conn, run, encoded) if lookup and head is not None else {}
         fresh = [e for e in encoded if e.event.id not in stored] if stored else encoded
         if not fresh:
             return [stored[e.event.id] for e in encoded], None
@@ -324,7 +243,7 @@ class EventLog:
         except AppendRejected:
             if lookup:
                 raise
-            raise _Retry() from None  # maybe a retried batch: look its ids up first
+            raise RetryWithLookups() from None  # maybe a retried batch: look its ids up first
         # Time lives in events: stamps never go backwards within a run, whatever the
         # clocks of the processes appending to it say.
         now = max(self._clock_us(), head.at_us if head else 0)
@@ -342,6 +261,26 @@ class EventLog:
             return list(range(first, first + len(fresh))), new_head
         assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
         return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded], new_head
+
+    def _stored_seqs(self, conn: Connection, run: str, encoded: list[_Encoded]) -> dict[str, int]:
+        """The seq of each id of the batch the run already holds (a retry's events).
+
+        An id held as another event (another type, another payload) is refused, naming
+        the id and its seq: returning that seq would tell the caller its event is stored.
+        """
+        index = {e.event.id: i for i, e in enumerate(encoded)}
+        ids, c, stored = list(index), events.c, {}
+        for at in range(0, len(ids), LOOKUP_CHUNK):
+            query = select(c.event_id, c.seq, c.type, c.schema_version, c.payload).where(
+                c.run_id == run, c.event_id.in_(ids[at : at + LOOKUP_CHUNK])
+            )
+            for event_id, seq, type_, version, payload in conn.execute(query):
+                i = index[event_id]
+                differs = self.codec.difference(run, seq, type_, version, payload, encoded[i].event)
+                if differs is not None:
+                    raise EventIdConflict(run, event_id, seq, differs, index=i)
+                stored[event_id] = seq
+        return stored
 
     def _config_in(self, conn: Connection, run: str) -> FleetConfig:
         config = self._configs.get(run)
@@ -366,10 +305,16 @@ class EventLog:
             with self.database.engine.connect() as conn:
                 yield conn
         except (DBAPIError, dbapi.Error) as exc:
-            detail = first_line(exc)
+            detail = self.database.scrub(first_line(exc))
+            lowered = detail.lower()
+            problem = waited_too_long(detail)
+            if problem is None and ("readonly" in lowered or "read-only" in lowered):
+                problem = "reading it needs a write (a WAL recovery?) that this open may not do"
+            elif problem is None and ("closed" in lowered or "terminat" in lowered):
+                problem = "the connection to the database was lost"
             raise LedgerReadError(
-                f"{self.database.display_url}: read failed (is the ledger corrupted or "
-                f"truncated?): {detail}"
+                f"{self.database.display_url}: read failed "
+                f"({problem or 'is the ledger corrupted or truncated?'}): {detail}"
             ) from None
 
     def config(self, run: str) -> FleetConfig:
@@ -421,28 +366,36 @@ class EventLog:
                     cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
                     page = cursor.fetchall()
                 if len(page) != hi - lo:
-                    # Rows stop short of a bound the caller named: the head was there
-                    # when the page was read, and the read ends at it, as a read past
-                    # the head always has. A hole inside the rows is damage.
-                    last = self._end_of_short_page(run, lo, hi, page, to_seq)
+                    page, last = self._short_page(cursor, run, lo, hi, page, to_seq)
                 if page:
                     yield page
                 lo = hi
 
-    def _end_of_short_page(
-        self, run: str, lo: int, hi: int, page: list[StoredRow], to_seq: int | None
-    ) -> int:
-        found = len(page)
-        contiguous = not page or (page[0][0] == lo + 1 and page[-1][0] == lo + found)
-        if to_seq is None or not contiguous:
-            raise LedgerError(
-                f"run {run!r}: expected seqs {lo + 1}..{hi}, found {found} rows; "
-                "the ledger is damaged"
-            )
-        if not page:
+    def _short_page(
+        self, cursor: Any, run: str, lo: int, hi: int, page: list[StoredRow], to_seq: int | None
+    ) -> tuple[list[StoredRow], int]:
+        """A page with fewer rows than its bounds ask: past the head, or damage.
+
+        Without ``to_seq`` the head was looked up before reading, so any missing row is
+        damage. With it, the bound may lie past the head (the read then ends at the
+        head, as a read past the head always has), or rows may have been committed
+        since the page was read: the head decides, and the page is read once more up
+        to it. Rows still missing below the head are damage, never a shorter run.
+        """
+        if to_seq is not None:
             with self._reading() as conn:
-                self._require_run(conn, run)  # an unknown run is an error, not empty
-        return lo + found
+                head = self._require_run(conn, run).seq  # an unknown run is an error
+            end = max(lo, min(hi, head))
+            if len(page) != end - lo:
+                statement = self._sql.page
+                cursor.execute(statement.sql, statement.params(run=run, lo=lo, hi=end))
+                page = cursor.fetchall()
+            if len(page) == end - lo:
+                return page, min(to_seq, head)
+        raise LedgerError(
+            f"run {run!r}: expected seqs {lo + 1}..{hi}, found {len(page)} rows; "
+            "the ledger is damaged"
+        )
 
     def read(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
@@ -540,18 +493,18 @@ class EventLog:
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
             conn.execute(insert(runs).values(run_id=run, started_at_us=rows[0].at_us))
-            self._insert_events(
-                conn,
-                [
-                    (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload)
-                    for r in rows
-                ],
+            # A page at a time: the driver's parameters for a whole run would double the
+            # memory an import at its size limit holds (docs/events.md, Limits).
+            values = (
+                (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload) for r in rows
             )
+            while page := list(itertools.islice(values, READ_PAGE)):
+                self._insert_events(conn, page)
             return []
 
         try:
-            self._transact(body)
-        except _Retry:
+            self._writes.transact(body)
+        except RetryWithLookups:
             raise AppendRejected(
                 run, f"run {run!r} was created by another process during the import"
             ) from None
@@ -579,8 +532,8 @@ class EventLog:
             return []
 
         try:
-            self._transact(body)
-        except _Retry:
+            self._writes.transact(body)
+        except RetryWithLookups:
             pass  # another process stored the same snapshot first: same seq, same content
 
     def load_snapshot(

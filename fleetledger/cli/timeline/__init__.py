@@ -4,13 +4,15 @@
 (the same history ``replay`` prints); :mod:`.png` and :mod:`.html` only paint it, so the
 two files of one run tell the same story, legend included. A painter names what it
 needs before any work (``require``), so a missing extra fails before the ledger is read.
+A painter writes into a binary stream and never opens a file: the command hands it the
+one safe output file of :func:`fleetledger.cli.output.whole_file`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import BinaryIO
 
 from fleetledger.cli.timeline.captions import plural
 from fleetledger.cli.timeline.html import write_html
@@ -27,7 +29,7 @@ class Painter:
     """A file format: what it needs (raises ``PlotUnavailable`` if missing), what writes it."""
 
     require: Callable[[], None]
-    write: Callable[[Scene, Path], None]
+    write: Callable[[Scene, BinaryIO], None]  # the scene's bytes into an open stream
 
 
 PAINTERS: dict[str, Painter] = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from html import escape
-from pathlib import Path
+from typing import BinaryIO
 
 from fleetledger.cli.timeline.captions import Table
 from fleetledger.cli.timeline.palette import LegendItem
@@ -160,9 +160,9 @@ def _legend_item(item: LegendItem) -> str:
 # ── the page ───────────────────────────────────────────────────────────────────
 
 
-def write_html(scene: Scene, path: Path) -> None:
-    """Write the scene as one self-contained HTML file."""
-    path.write_text(page(scene), encoding="utf-8")
+def write_html(scene: Scene, stream: BinaryIO) -> None:
+    """Write the scene as one self-contained HTML document (UTF-8) into ``stream``."""
+    stream.write(page(scene).encode("utf-8"))
 
 
 def page(scene: Scene) -> str:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fleetledger.cli.timeline.scene import LABEL_ROWS, Mark, Scene
 from fleetledger.errors import FleetledgerError
@@ -66,10 +65,10 @@ def require_matplotlib() -> None:
         ) from None
 
 
-def write_png(scene: Scene, path: Path) -> None:
-    """Draw the scene into ``path`` (PNG, written whole)."""
+def write_png(scene: Scene, stream: BinaryIO) -> None:
+    """Draw the scene as a PNG into ``stream`` (the caller makes the file whole or absent)."""
     require_matplotlib()
-    figure(scene).savefig(path, format="png", dpi=DPI)
+    figure(scene).savefig(stream, format="png", dpi=DPI)
 
 
 def legend_handles(scene: Scene) -> list[Artist]:

@@ -1,0 +1,136 @@
+"""Schema revisions: the head this code writes, the oldest it can read, and what a
+database that is at another revision, or holds somebody else's tables, is told."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection
+
+from fleetledger.events.errors import (
+    LedgerOpenError,
+    MigrationRequired,
+    NoLedger,
+    UnknownRevision,
+)
+
+VERSION_TABLE = "fleetledger_alembic_version"
+LEDGER_TABLE_PREFIX = "fleetledger_"
+# The oldest schema revision the read path can query unchanged: it reads
+# fleetledger_snapshots, which 0002 created. An older ledger must be migrated to be read.
+OLDEST_READABLE_REVISION = "0002"
+
+
+# ── schema revisions ─────────────────────────────────────────────────────────
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", "fleetledger:migrations")
+    cfg.set_main_option("version_table", VERSION_TABLE)
+    if url is not None:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    assert len(heads) == 1, f"migrations have several heads: {heads}"
+    return heads[0]
+
+
+def known_revisions() -> set[str]:
+    return {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def readable_revisions() -> set[str]:
+    """The head and every revision back to ``OLDEST_READABLE_REVISION``."""
+    readable = set()
+    for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions():  # head first
+        readable.add(rev.revision)
+        if rev.revision == OLDEST_READABLE_REVISION:
+            break
+    return readable
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    revision: str | None
+    foreign_tables: tuple[str, ...]  # tables that are not fleetledger's
+
+
+def schema_state(conn: Connection) -> SchemaState:
+    tables = inspect(conn).get_table_names()
+    revision = None
+    if VERSION_TABLE in tables:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        revision = context.get_current_revision()
+    foreign = tuple(sorted(t for t in tables if not t.startswith(LEDGER_TABLE_PREFIX)))
+    return SchemaState(revision, foreign)
+
+
+def check_known(revision: str | None, where: str) -> None:
+    if revision is not None and revision not in known_revisions():
+        raise UnknownRevision(
+            f"{where} is at schema revision {revision!r}, which this fleetledger does not "
+            f"know (it knows up to {head_revision()!r}); it was written by a newer "
+            "fleetledger — upgrade fleetledger to open it"
+        )
+
+
+def refuse_foreign(state: SchemaState, where: str) -> None:
+    if state.revision is None and state.foreign_tables:
+        raise LedgerOpenError(
+            f"{where} is not a fleetledger ledger: it holds the tables "
+            f"{', '.join(state.foreign_tables)} and no fleetledger schema; refusing to "
+            "write into it. Point --db at a new file."
+        )
+
+
+def check_readable(state: SchemaState, where: str, backend: str) -> None:
+    """A read open: the schema must be one the read path can query as it is."""
+    if state.revision is None:
+        if state.foreign_tables:
+            raise LedgerOpenError(
+                f"{where} is not a fleetledger ledger: it holds the tables "
+                f"{', '.join(state.foreign_tables)} and no fleetledger schema"
+            )
+        create = (
+            f"`fleetledger migrate --db {where}` creates one"
+            if backend == "postgresql"
+            else "a writing command (demo, import, simulate) or `fleetledger migrate` creates one"
+        )
+        raise NoLedger(f"no ledger at {where}: it holds no fleetledger schema; {create}")
+    if state.revision not in readable_revisions():
+        raise MigrationRequired(
+            f"the ledger at {where} is at schema revision {state.revision}, older than this "
+            f"fleetledger reads ({OLDEST_READABLE_REVISION!r} or newer); it was opened "
+            f"read-only, so it was not upgraded: run `fleetledger migrate --db {where}` as "
+            "someone who can write it"
+        )
+
+
+def migration_required(state: SchemaState, where: str) -> MigrationRequired:
+    head = head_revision()
+    if state.revision is None and state.foreign_tables:
+        return MigrationRequired(
+            f"{where} holds the tables {', '.join(state.foreign_tables)} and no fleetledger "
+            f"schema: point --db at a database of its own, or create the ledger beside "
+            f"them with `fleetledger migrate --into-foreign-database --db {where}`"
+        )
+    return MigrationRequired(
+        f"the ledger at {where} is at schema revision {state.revision or 'none'}, "
+        f"this fleetledger needs {head!r}: run `fleetledger migrate --db {where}` "
+        "(shared databases are migrated on purpose, never on open)"
+    )
+
+
+def upgrade(conn: Connection) -> None:
+    command.upgrade(alembic_config(connection=conn), "head")
