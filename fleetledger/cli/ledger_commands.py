@@ -15,6 +15,7 @@ from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, op
 from fleetledger.cli.output import (
     check_output,
     data_row,
+    json_text_safe,
     ledger_files,
     print_json,
     safe_text,
@@ -181,7 +182,8 @@ def export(
                     stream, run, pages, view.config, membership_document(view), name=str(bundle)
                 )
             return
-        lines = export_lines(run, pages)
+        # The stored payloads as they are, but for controls a terminal would act on.
+        lines = map(json_text_safe, export_lines(run, pages))
         if output is None:
             with stdout_may_close():  # `export RUN | head` ends quietly
                 for line in lines:

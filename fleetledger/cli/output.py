@@ -74,6 +74,12 @@ def _json_escape(match: re.Match[str]) -> str:
     return f"\\u{ord(match.group()):04x}"
 
 
+def json_text_safe(text: str) -> str:
+    """A JSON text with DEL, C1 and bidi controls (and lone surrogates) as ``\\uXXXX``:
+    the same JSON, and nothing a terminal would act on."""
+    return _JSON_UNSAFE.sub(_json_escape, text)
+
+
 def print_json(doc: Any) -> None:
     """One JSON document on stdout (``--json`` of a command that answers once)."""
     dumped = json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False)
