@@ -9,6 +9,11 @@ to a closed file.
 
 from __future__ import annotations
 
+import os
+import pty
+import subprocess
+import threading
+
 from typer.testing import CliRunner, Result
 
 from fleetledger import cli as cli_module
@@ -36,3 +41,36 @@ def invoke(
     )
     assert "Traceback" not in result.stdout + result.stderr
     return result
+
+
+def run_with_a_terminal(
+    argv: list[str], *, terminal: str, env: dict[str, str], timeout: float = 120
+) -> tuple[int, bytes, bytes]:
+    """Run ``argv`` with its ``terminal`` stream ("stdout" or "stderr") on a real
+    pseudo-terminal and the other on a pipe; returns (status, the pipe's bytes, what
+    the terminal received)."""
+    leader, follower = pty.openpty()
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, terminal: follower}
+    proc = subprocess.Popen(argv, stdout=streams["stdout"], stderr=streams["stderr"], env=env)
+    os.close(follower)
+    received: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the child closed its end
+                return
+            if not chunk:
+                return
+            received.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        reader.join(timeout=10)
+        os.close(leader)
+    piped = err if terminal == "stdout" else out
+    return proc.returncode, piped or b"", b"".join(received)

@@ -32,10 +32,11 @@ from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.outcome_reporter import OutcomeReporter
 from fleetledger.controller.retry_policy import RetryPolicy, RolloutCounters, run_rollout
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import RecordedEvent
+from fleetledger.events.models import MAX_TEXT, RecordedEvent
 from fleetledger.projections.fleet_view import fold_with_transitions
+from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
-from fleetledger.queries import load_view
+from fleetledger.queries import RunReader, load_view
 from fleetledger.simulate import (
     Chaos,
     SimulationResult,
@@ -47,11 +48,21 @@ from fleetledger.simulate import (
 pytestmark = pytest.mark.slow
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
-from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402 - needs Ray
+from fleetledger.controller.ray_fleet import (  # noqa: E402 - needs Ray
+    GenerationReports,
+    RayShardFleet,
+    ShardActorDied,
+    actor_death_of,
+    death_text,
+)
+from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
 from fleetledger.engines.simulated import (  # noqa: E402 - needs Ray
+    SimulatedRefitShard,
     SimulatedShard,
     simulated_shard_factory,
 )
+from fleetledger.transports.ray_members import TrainerRank  # noqa: E402 - needs torch
+from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
 
 
 @pytest.fixture
@@ -525,4 +536,194 @@ def test_an_engine_error_across_the_boundary_is_redispatched_to_another_shard(ra
             asyncio.run(fleet.generate(1, prompt))
         assert data.value.reason == "context_length"
     finally:
+        fleet.shutdown()
+
+
+# ── restarts in the library: incarnations, base URLs, whole death causes ────────────
+
+
+def _death_events(log: EventLog, run: str, shard: int) -> list[RecordedEvent]:
+    return [
+        r
+        for r in _events(log, run)
+        if r.event.type == "actor_death_confirmed" and r.event.shard == shard
+    ]
+
+
+def _shards_lost(log: EventLog, run: str) -> list[str]:
+    """The run explanation's lost-shard findings (a transition to DEAD or RETIRED)."""
+    explanation = RunReader(log, run).explain(None, None)
+    return [f.text for f in explanation.findings if f.kind == "shard_lost"]
+
+
+def test_a_death_seen_through_the_old_handle_is_not_recorded_against_the_replacement(log, fleet):
+    """SIGKILL shard 1, restart it, then deliver what the old handle saw (a rollout's
+    ActorDiedError and a probe's 'died'): nothing is recorded against the replacement,
+    and the explanation holds exactly the one death that happened."""
+    controller = _controller(log, fleet, max_restart_attempts_per_shard=2)
+    ledger = controller.ledger
+    reports = GenerationReports(ledger, "test.rollouts")
+    request = GenerationRequest(prompt_id="p", group_id="g", prompt="2+2=")
+    os.kill(fleet.pids()[1], signal.SIGKILL)
+    with pytest.raises(ShardActorDied) as old_generation:
+        asyncio.run(fleet.generate(1, request))  # through incarnation 0's handle
+    old_probe = fleet.probe([1], 30.0)[1]
+    assert old_probe.kind == "died" and old_probe.incarnation == 0
+    death = actor_death_of(old_generation.value)
+    assert death is not None and death.incarnation == 0
+
+    reports.failure(1, old_generation.value)  # the rollout reports it: conclusive
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert controller.restart(1) == "STALE"
+    assert fleet.incarnation(1) == 1 == ledger.view.shards[1].restart_attempts
+    head = log.head(ledger.run)
+
+    # Late deliveries of what the old handle saw: every way in drops them.
+    reports.failure(1, old_generation.value)
+    assert ledger.actor_died(1, death.text, incarnation=death.incarnation) == []
+    assert ledger.record_probes({1: old_probe}) == []
+    assert log.head(ledger.run) == head  # nothing appended
+    assert ledger.view.state_of(1) is ShardState.STALE
+    assert len(_death_events(log, ledger.run, 1)) == 1
+    lost = _shards_lost(log, ledger.run)
+    assert len(lost) == 1 and lost[0].startswith("shard 1 HEALTHY → DEAD"), lost
+
+    # The guard drops only the stale: the replacement's own death is recorded.
+    os.kill(fleet.pids()[1], signal.SIGKILL)
+    with pytest.raises(ShardActorDied) as new_generation:
+        asyncio.run(fleet.generate(1, request))
+    assert actor_death_of(new_generation.value).incarnation == 1  # type: ignore[union-attr]
+    reports.failure(1, new_generation.value)
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert len(_death_events(log, ledger.run, 1)) == 2
+    assert len(_shards_lost(log, ledger.run)) == 2
+
+
+def test_a_probe_round_through_a_replaced_handle_records_nothing(log, fleet):
+    """A probe round that went out to incarnation 0 and came back after the restart: the
+    pump records what the fleet returns, and the ledger drops the stale result."""
+    controller = _controller(log, fleet)
+    ledger = controller.ledger
+    os.kill(fleet.pids()[2], signal.SIGKILL)
+    stale_round = fleet.probe([0, 1, 2], 30.0)
+    assert [stale_round[s].incarnation for s in (0, 1, 2)] == [0, 0, 0]
+    ledger.actor_died(2, "seen by a rollout first")
+    assert controller.restart(2) == "STALE"
+    ledger.record_probes(stale_round)  # arrives late
+    assert ledger.view.state_of(2) is ShardState.STALE  # not DEAD again
+    assert len(_death_events(log, ledger.run, 2)) == 1
+    assert [r.event.type for r in _events(log, ledger.run)][-2:] == [
+        "probe_succeeded",
+        "probe_succeeded",
+    ]  # shards 0 and 1 of the same round were recorded
+
+
+def test_actor_death_confirmed_keeps_rays_whole_cause_and_explain_shows_it(log, fleet):
+    controller = _controller(log, fleet)
+    ledger = controller.ledger
+    pid = fleet.pids()[2]
+    os.kill(pid, signal.SIGKILL)
+    controller.pump.probe_round()
+    (recorded,) = _death_events(log, ledger.run, 2)
+    error = recorded.event.error
+    # Not the first line ("The actor died unexpectedly …"): the pid, the actor's class and
+    # the exit type and its story, on one line.
+    assert f"pid: {pid}" in error and "class_name: SimulatedShard" in error, error
+    assert "Worker exit type: SYSTEM_ERROR" in error and "OOM" in error, error
+    assert "\n" not in error and len(error) <= MAX_TEXT
+    explained = RunReader(log, ledger.run).explain(2, None).text
+    assert f"pid: {pid}" in explained and "Worker exit type: SYSTEM_ERROR" in explained
+    # A rollout's view of the same death carries the same whole text.
+    with pytest.raises(ShardActorDied) as raised:
+        asyncio.run(fleet.generate(2, GenerationRequest(prompt_id="p", group_id="g", prompt="")))
+    assert f"pid: {pid}" in actor_death_of(raised.value).text  # type: ignore[union-attr]
+
+
+def test_a_death_text_past_the_event_limit_is_clipped_with_a_visible_elision():
+    long = ray.exceptions.ActorDiedError()
+    long.error_msg = "The actor died.\n\tpid: 1\n" + "x" * (2 * MAX_TEXT)
+    text = death_text(long)
+    assert len(text) == MAX_TEXT and text.endswith("[clipped to the event's limit]")
+    assert text.startswith("ActorDiedError: The actor died. | pid: 1 | xxx")
+
+
+class UrlShard(SimulatedShard):
+    """An engine reached at a URL of its own process (as an HTTP engine would be)."""
+
+    async def base_url(self) -> str:
+        return f"http://127.0.0.1:{8000 + self._index}/v1?pid={os.getpid()}"
+
+
+def test_a_restart_records_the_replacements_base_url(log, ray_cluster):
+    fleet = RayShardFleet.spawn(
+        3, simulated_shard_factory(f"url-{os.getpid()}", shard_class=UrlShard)
+    )
+    try:
+        urls = fleet.base_urls()
+        assert urls == [
+            f"http://127.0.0.1:{8000 + s}/v1?pid={pid}" for s, pid in fleet.pids().items()
+        ]
+        config = simulation_config(probe_interval_s=2.0, probe_timeout_s=1.0)
+        ledger = Ledger.start(
+            log,
+            f"url-{time.time_ns()}",
+            config.fleet_config(shard_count=3, train_world_size=1, base_urls=urls),
+        )
+        controller = FleetController(
+            ledger, fleet, config, progress=lambda: TrainingProgress(0, 0, 0, True)
+        )
+        os.kill(fleet.pids()[0], signal.SIGKILL)
+        controller.pump.probe_round()
+        assert controller.restart(0) == "STALE"
+        new_url = f"http://127.0.0.1:8000/v1?pid={fleet.pids()[0]}"
+        assert new_url != urls[0]
+        (loaded,) = [
+            r.event for r in _events(log, ledger.run) if r.event.type == "replacement_loaded"
+        ]
+        assert loaded.base_url == new_url
+        assert ledger.view.shards[0].base_url == new_url
+        assert membership_document(load_view(log, ledger.run))["shards"]["0"]["base_url"] == new_url
+        explained = RunReader(log, ledger.run).explain(0, None).text
+        assert f"base URL: {new_url}" in explained
+        assert f"a replacement engine loaded at {new_url}" in explained
+    finally:
+        fleet.shutdown()
+
+
+def test_the_library_synchronizer_allocates_and_takes_a_restarted_shard_back(log, ray_cluster):
+    """RestartAwareSynchronizer, as an embedder builds it: nobody calls refit_allocate;
+    a restarted shard (a new process) allocates and rejoins at the next refit."""
+    fleet = RayShardFleet.spawn(
+        3,
+        simulated_shard_factory(f"sync-{os.getpid()}", shard_class=SimulatedRefitShard),
+    )
+    trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(1 << 16)
+    try:
+        controller = _controller(log, fleet)
+        ledger = controller.ledger
+        sync = RestartAwareSynchronizer(fleet, [trainer], refit_timeout_s=10.0, grace_s=2.0)
+        coordinator = RefitCoordinator(
+            ledger, sync, fleet, refit_timeout_s=10.0, grace_s=2.0, probe_timeout_s=1.0
+        )
+
+        def refit(version: int) -> tuple[int, ...]:
+            root = ray.get(trainer.train_step.remote(version), timeout=60)
+            outcome = coordinator.refit(version)
+            sums = {s: fleet.call(s, "refit_checksum") for s in outcome.participants}
+            assert set(sums.values()) == {root}, sums
+            return outcome.participants
+
+        assert refit(1) == (0, 1, 2)  # the first reconcile allocated every shard
+        assert fleet.call(1, "weight_version") == 1
+        os.kill(fleet.pids()[1], signal.SIGKILL)
+        controller.pump.probe_round()
+        assert refit(2) == (0, 2)
+        assert controller.restart(1) == "STALE"
+        assert sync.joined_incarnation(1) == 0 and fleet.incarnation(1) == 1
+        assert refit(3) == (0, 1, 2)  # allocated, replaced, rebuilt: taken back
+        assert sync.joined_incarnation(1) == 1 and sync.readmitted == 1
+        assert ledger.view.state_of(1) is ShardState.HEALTHY
+        assert fleet.call(1, "weight_version") == 3
+    finally:
+        ray.kill(trainer)
         fleet.shutdown()

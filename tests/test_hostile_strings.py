@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +30,7 @@ from fleetledger.cli.output import terminal_safe
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
-from tests.cli_support import invoke, run_cli
+from tests.cli_support import invoke, run_cli, run_with_a_terminal
 from tests.test_bad_input import assert_cli_error
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -293,34 +290,13 @@ def test_timeline_summary_line_shows_the_end_escaped(hostile: Hostile, tmp_path:
 
 def test_replay_on_a_terminal_sends_no_hostile_sequence(hostile: Hostile) -> None:
     """On a terminal rich adds its colours; the log's own sequences arrive escaped."""
-    leader, follower = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "2000", "FLEETLEDGER_DB": hostile.url}
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(
-        [str(CONSOLE_SCRIPT), "replay", RUN], stdout=follower, stderr=subprocess.PIPE, env=env
+    status, stderr, received = run_with_a_terminal(
+        [str(CONSOLE_SCRIPT), "replay", RUN], terminal="stdout", env=env
     )
-    os.close(follower)
-    received: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the child closed its end
-                return
-            if not chunk:
-                return
-            received.append(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        reader.join(timeout=10)
-        os.close(leader)
-    assert proc.returncode == 0, stderr
-    terminal = b"".join(received).decode()
+    assert status == 0, stderr
+    terminal = received.decode()
     for sequence in ("\x1b[2J", "\x1b[H", "\x1b]", "\x9b", "\u202e", "\u2066", "\x07", "\x08"):
         assert sequence not in terminal, repr(sequence)
     styled = re.sub(r"\x1b\[[0-9;]*m", "", terminal)  # rich's own colours (SGR) only

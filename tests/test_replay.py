@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import pty
 import random
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import fields
 from datetime import timedelta, timezone
@@ -57,7 +55,7 @@ from fleetledger.projections.history import (
 )
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
-from tests.cli_support import invoke, run_cli
+from tests.cli_support import invoke, run_cli, run_with_a_terminal
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
@@ -384,37 +382,13 @@ def replay_with_stderr_on_a_terminal(url: str, delay_s: float) -> tuple[str, str
     Returns (stdout, what the terminal received). The delay is lowered to 0 so a small
     run exercises the bar; stdout stays a pipe, as in ``replay --json > file``.
     """
-    leader, follower = pty.openpty()
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(
-        replay_command(delay_s, url),
-        stdout=subprocess.PIPE,
-        stderr=follower,
-        env=env,
+    status, stdout, received = run_with_a_terminal(
+        replay_command(delay_s, url), terminal="stderr", env=env
     )
-    os.close(follower)
-    received: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                chunk = os.read(leader, 4096)
-            except OSError:  # EIO: the child closed its end
-                return
-            if not chunk:
-                return
-            received.append(chunk)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    try:
-        stdout, _ = proc.communicate(timeout=120)
-    finally:
-        reader.join(timeout=10)
-        os.close(leader)
-    assert proc.returncode == 0, (stdout, b"".join(received))
-    return stdout.decode(), b"".join(received).decode(errors="replace")
+    assert status == 0, (stdout, received)
+    return stdout.decode(), received.decode(errors="replace")
 
 
 def test_progress_bar_is_drawn_on_a_terminal_stderr_and_never_on_stdout(demo_sqlite: str) -> None:

@@ -52,7 +52,12 @@ class TrainingProgress:
 
 
 class RestartableFleet(Prober, Protocol):
-    def restart(self, shard: int, *, ready_timeout_s: float) -> None: ...
+    def restart(self, shard: int, *, ready_timeout_s: float) -> str | None:
+        """Replace the shard's actor and wait until it answers; return the replacement's
+        base URL (``None``: it kept the one recorded). Counts the shard's incarnation
+        on by one (``RayShardFleet.incarnation``), as ``restart_requested`` counts the
+        ledger's restart attempts."""
+        ...
 
 
 class FleetController:
@@ -242,10 +247,12 @@ class FleetController:
 
         The restart decision says what to do, and it is recorded as it says:
         ``restart_requested`` first (past the budget the fold retires the shard, as the
-        decision said, and no actor is touched); then the replacement;
-        ``replacement_loaded`` puts it in STALE — it serves again only once a refit that
-        includes it completes. An interrupted restart is recorded as failed, then
-        decided again.
+        decision said, and no actor is touched) — from then on, whatever is seen through
+        the old actor's handle is stale (its incarnation is older than the restart
+        count) and the ledger drops it; then the replacement; ``replacement_loaded``,
+        with the base URL the replacement reports, puts it in STALE — it serves again
+        only once a refit that includes it completes. An interrupted restart is recorded
+        as failed, then decided again.
         """
         with self.ledger.lock:
             self.ledger.catch_up()
@@ -266,9 +273,9 @@ class FleetController:
             if state is not ShardState.RESTARTING:
                 return state.value
         try:
-            self.fleet.restart(shard, ready_timeout_s=self._restart_ready_timeout_s)
+            base_url = self.fleet.restart(shard, ready_timeout_s=self._restart_ready_timeout_s)
         except Exception as exc:  # any failure to bring it up is recorded, then retried
             self.ledger.restart_failed(shard, clip_text(f"{type(exc).__name__}: {exc}"))
             return self.ledger.membership.states[shard]
-        self.ledger.replacement_loaded(shard)
+        self.ledger.replacement_loaded(shard, base_url or None)
         return self.ledger.membership.states[shard]

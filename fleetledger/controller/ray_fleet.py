@@ -9,6 +9,22 @@ the next call, and any call in flight, raise ``ActorDiedError`` within milliseco
 conclusive. A SIGSTOPped actor produces nothing, ever: only our own deadline sees it,
 which is why a probe round is bounded by ``ray.wait(timeout=)`` and a timeout is only a
 *failed* probe, counted towards the threshold.
+
+Incarnations. A shard's actor is replaced by :meth:`RayShardFleet.restart`; its
+*incarnation* is the number of restarts the run has requested for it (the ledger's
+``restart_attempts``, which ``FleetController.restart`` records before it calls the
+fleet, so the two counts move together). Everything the fleet learns through a handle
+carries the incarnation of that handle: a probe result (``ProbeResult.incarnation``), a
+generation whose actor died (:class:`ShardActorDied`, read by :func:`actor_death_of`).
+The ledger drops a report whose incarnation is older than the shard's restart count: a
+death seen through a replaced actor's old handle is never recorded against its
+replacement. A fleet found again by :meth:`RayShardFleet.attach` knows its incarnations
+only when told (``incarnations=ledger.membership.restart_attempts``); until then its
+reports are untagged and recorded as they come.
+
+Death causes are kept whole (:func:`death_text`): Ray's text names the pid, the node,
+the exit type and the out-of-memory or preemption story, on several lines, of which the
+first says only "the actor died unexpectedly".
 """
 
 from __future__ import annotations
@@ -17,28 +33,48 @@ import asyncio
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import ray
+import structlog
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from fleetledger.controller.failure_taxonomy import wrap_generation_failure
+from fleetledger.controller.failure_taxonomy import (
+    FailureKind,
+    GenerationUnavailable,
+    cause_chain,
+    classify_exception,
+    safe_text,
+    wrap_generation_failure,
+)
 from fleetledger.controller.generation_shard import Generation, GenerationRequest
-from fleetledger.controller.ledger import ProbeResult
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.outcome_reporter import OutcomeWindow
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.errors import first_line
+from fleetledger.events.errors import LedgerError, first_line
+from fleetledger.events.models import MAX_TEXT, clip_text
 
 __all__ = [
+    "ActorDeath",
+    "GenerationReports",
     "RayShardFleet",
+    "ShardActorDied",
     "ShardSpawnError",
     "actor_death_of",
+    "death_text",
     "local_ray",
     "probe_result_of",
 ]
+
+_log = structlog.get_logger("fleetledger.ray_fleet")
+
+CLIPPED = " … [clipped to the event's limit]"
 
 ShardFactory = Callable[[int], ActorHandle]
 """Creates (and names) the actor for one shard index; used at start and for restarts."""
@@ -48,20 +84,74 @@ class ShardSpawnError(FleetledgerError, RuntimeError):
     """A shard actor could not be created or did not answer its first probe in time."""
 
 
-def probe_result_of(exc: BaseException) -> ProbeResult:
+class ShardActorDied(GenerationUnavailable):
+    """A generation's actor is gone (the runtime said so): infrastructure, retried
+    elsewhere, and conclusive about the incarnation it was sent to.
+
+    ``death`` is the runtime's whole cause (:func:`death_text`); ``incarnation`` the
+    incarnation of the handle the call went through (``None``: not known).
+    """
+
+    default_reason = "actor_died"
+
+    def __init__(
+        self,
+        *,
+        shard: int,
+        incarnation: int | None,
+        death: str,
+        prompt_id: object = None,
+        group_id: object = None,
+    ) -> None:
+        super().__init__(
+            f"generation failed: the actor of shard {shard} (incarnation {incarnation}) died",
+            shard=shard,
+            prompt_id=prompt_id,
+            group_id=group_id,
+        )
+        self.incarnation = incarnation
+        self.death = death
+
+
+@dataclass(frozen=True, slots=True)
+class ActorDeath:
+    """The runtime's "this actor is gone", as :func:`actor_death_of` finds it."""
+
+    text: str
+    incarnation: int | None = None  # of the handle it was seen through; None: not known
+
+
+def death_text(exc: BaseException) -> str:
+    """The runtime's whole account of a failure on one line, clipped to an event's text.
+
+    Ray's death cause spans lines (class, actor id, pid, ip, then the exit type and its
+    story: out of memory, preempted, SIGKILL); they are joined with `` | ``, so a log
+    line and an explanation stay one line each. Past the event's limit the text ends
+    with a visible elision rather than mid-word in silence.
+    """
+    lines = [line.strip() for line in safe_text(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {' | '.join(lines)}" if lines else type(exc).__name__
+    if len(text) > MAX_TEXT:
+        text = text[: MAX_TEXT - len(CLIPPED)] + CLIPPED
+    return clip_text(text)
+
+
+def probe_result_of(exc: BaseException, incarnation: int | None = None) -> ProbeResult:
     """Map what a probe raised onto the ledger's probe outcome.
 
     Only the runtime's "the actor died" is conclusive. ``ActorUnavailableError`` (a
     subclass of ``RayActorError``) means the actor may come back, so it is a failed probe.
     """
-    text = f"{type(exc).__name__}: {first_line(exc)}"
+    kind: Literal["timeout", "error", "died"]
     if isinstance(exc, ActorUnavailableError):
-        return ProbeResult("error", text)
-    if isinstance(exc, RayActorError):
-        return ProbeResult("died", text)
-    if isinstance(exc, GetTimeoutError | TimeoutError):
-        return ProbeResult("timeout", text)
-    return ProbeResult("error", text)
+        kind = "error"
+    elif isinstance(exc, RayActorError):
+        kind = "died"
+    elif isinstance(exc, GetTimeoutError | TimeoutError):
+        kind = "timeout"
+    else:
+        kind = "error"
+    return ProbeResult(kind, death_text(exc), incarnation=incarnation)
 
 
 def shard_actor_name(prefix: str, shard: int) -> str:
@@ -69,24 +159,35 @@ def shard_actor_name(prefix: str, shard: int) -> str:
 
 
 class RayShardFleet:
-    """Handles to the shard actors of one run, by shard index."""
+    """Handles to the shard actors of one run, by shard index, each with its incarnation."""
 
     def __init__(
         self,
         handles: Mapping[int, ActorHandle],
         *,
         factory: ShardFactory | None = None,
+        incarnations: Sequence[int] | Mapping[int, int] | None = None,
     ) -> None:
+        """``incarnations``: per shard, the run's restart count when its actor was made
+        (``()``: 0 each, a fleet spawned for a new run, as :meth:`spawn` does); ``None``
+        (the default for handles made elsewhere): not known, so what is seen through
+        them is recorded unchecked (see :meth:`attach`).
+        """
+        self._lock = threading.Lock()  # a handle and its incarnation change together
         self._handles: dict[int, ActorHandle] = dict(handles)
         self._factory = factory
-        self._incarnations: dict[int, int] = {}
+        self._tagged = incarnations is not None
+        if isinstance(incarnations, Mapping):
+            self._incarnations = dict(incarnations)
+        else:
+            self._incarnations = dict(enumerate(incarnations or ()))
 
     @classmethod
     def spawn(
         cls, shard_count: int, factory: ShardFactory, *, ready_timeout_s: float = 60.0
     ) -> RayShardFleet:
         """Create every shard's actor and wait (bounded) until each answers a probe."""
-        fleet = cls({}, factory=factory)
+        fleet = cls({}, factory=factory, incarnations=())
         try:
             for shard in range(shard_count):
                 fleet._handles[shard] = factory(shard)
@@ -104,11 +205,14 @@ class RayShardFleet:
         *,
         namespace: str | None = None,
         factory: ShardFactory | None = None,
+        incarnations: Sequence[int] | None = None,
     ) -> RayShardFleet:
         """Find a run's named shard actors again, e.g. from a restarted controller.
 
         A shard whose actor is gone gets a handle-less slot: probing it reports a death,
-        which is what a restarted controller must learn about it.
+        which is what a restarted controller must learn about it. Pass
+        ``incarnations=ledger.membership.restart_attempts`` so that what is seen through
+        these handles is tagged, and a stale death can be told from a real one.
         """
         handles: dict[int, ActorHandle] = {}
         for shard in range(shard_count):
@@ -116,12 +220,30 @@ class RayShardFleet:
                 handles[shard] = ray.get_actor(shard_actor_name(prefix, shard), namespace)
             except ValueError:
                 continue
-        return cls(handles, factory=factory)
+        return cls(handles, factory=factory, incarnations=incarnations)
+
+    # ── incarnations ────────────────────────────────────────────────────────
+
+    def incarnation(self, shard: int) -> int:
+        """How many restarts of ``shard`` the run had requested when its actor was made
+        (the restarts of this fleet, counted from what it was given)."""
+        with self._lock:
+            return self._incarnations.get(shard, 0)
+
+    def _current(self, shard: int) -> tuple[ActorHandle | None, int | None]:
+        """The handle and the incarnation tag of ``shard``, read together."""
+        with self._lock:
+            tag = self._incarnations.get(shard, 0) if self._tagged else None
+            return self._handles.get(shard), tag
 
     # ── probing ─────────────────────────────────────────────────────────────
 
     def probe(self, shards: Iterable[int], timeout_s: float) -> dict[int, ProbeResult]:
-        """Probe ``shards`` concurrently; the whole round is bounded by ``timeout_s``."""
+        """Probe ``shards`` concurrently; the whole round is bounded by ``timeout_s``.
+
+        Each result carries the incarnation it was obtained through, so the ledger can
+        drop one about an actor replaced while the round was out.
+        """
         return self._bounded_round(
             shards, lambda h: h.is_alive.remote(), timeout_s, f"probe_timeout_s={timeout_s:g}"
         )
@@ -141,11 +263,14 @@ class RayShardFleet:
         """
         deadline = time.monotonic() + timeout_s
         refs: dict[Any, int] = {}
+        tags: dict[int, int | None] = {}
         results: dict[int, ProbeResult] = {}
         for shard in shards:
-            handle = self._handles.get(shard)
+            handle, tags[shard] = self._current(shard)
             if handle is None:
-                results[shard] = ProbeResult("died", "no actor for this shard in the cluster")
+                results[shard] = ProbeResult(
+                    "died", "no actor for this shard in the cluster", incarnation=tags[shard]
+                )
             else:
                 refs[call(handle)] = shard
         if not refs:
@@ -155,16 +280,20 @@ class RayShardFleet:
         )
         try:
             ray.get(ready, timeout=0)
-            results.update((refs[ref], ProbeResult.ok()) for ref in ready)
+            results.update((refs[ref], ProbeResult.ok(tags[refs[ref]])) for ref in ready)
         except Exception:  # at least one failed: look at each
             for ref in ready:
+                shard = refs[ref]
                 try:
                     ray.get(ref, timeout=0)
-                    results[refs[ref]] = ProbeResult.ok()
+                    results[shard] = ProbeResult.ok(tags[shard])
                 except Exception as exc:
-                    results[refs[ref]] = probe_result_of(exc)
+                    results[shard] = probe_result_of(exc, tags[shard])
         for shard in refs.values():
-            results.setdefault(shard, ProbeResult("timeout", f"no answer within {bound}"))
+            results.setdefault(
+                shard,
+                ProbeResult("timeout", f"no answer within {bound}", incarnation=tags[shard]),
+            )
         return results
 
     def wait_ready(self, shards: Iterable[int], timeout_s: float) -> None:
@@ -194,10 +323,16 @@ class RayShardFleet:
     async def generate(self, shard: int, request: GenerationRequest) -> Generation:
         """One generation on ``shard``. Cancelling the caller cancels the actor's task too.
 
-        Story: a cancelled sibling used to keep generating against the fleet for a
+        Raises :class:`ShardActorDied` (tagged with the incarnation the call went
+        through) when the runtime says the actor is gone; the engine's own errors as
+        :func:`~fleetledger.controller.failure_taxonomy.wrap_generation_failure` types
+        them. Story: a cancelled sibling used to keep generating against the fleet for a
         result already being discarded.
         """
-        ref = self.handle(shard).generate.remote(request)
+        handle, incarnation = self._current(shard)
+        if handle is None:
+            raise ConnectionError(f"shard {shard} has no actor in the cluster")
+        ref = handle.generate.remote(request)
         try:
             result: Generation = await ref
             return result
@@ -212,6 +347,16 @@ class RayShardFleet:
             raise wrap_generation_failure(
                 exc, shard=shard, prompt_id=request.prompt_id, group_id=request.group_id
             ) from exc
+        except RayActorError as exc:
+            if isinstance(exc, ActorUnavailableError):
+                raise
+            raise ShardActorDied(
+                shard=shard,
+                incarnation=incarnation,
+                death=death_text(exc),
+                prompt_id=request.prompt_id,
+                group_id=request.group_id,
+            ) from exc
 
     def set_weight_version(
         self, shards: Sequence[int], version: int, timeout_s: float
@@ -221,12 +366,20 @@ class RayShardFleet:
             shards, lambda h: h.set_weight_version.remote(version), timeout_s, f"{timeout_s:g}s"
         )
 
-    def incarnation(self, shard: int) -> int:
-        """How many times ``shard``'s actor has been replaced by :meth:`restart`."""
-        return self._incarnations.get(shard, 0)
+    def base_urls(self, timeout_s: float = 30.0) -> list[str | None]:
+        """Each shard's base URL as its actor reports it (``base_url()``), in shard order;
+        ``None`` for an actor whose class has no ``base_url`` method."""
+        return [self._base_url_of(self.handle(s), timeout_s) for s in self.shards]
+
+    @staticmethod
+    def _base_url_of(handle: ActorHandle, timeout_s: float) -> str | None:
+        if not hasattr(handle, "base_url"):
+            return None
+        url: str | None = ray.get(handle.base_url.remote(), timeout=timeout_s)
+        return url or None
 
     def handle(self, shard: int) -> ActorHandle:
-        handle = self._handles.get(shard)
+        handle, _ = self._current(shard)
         if handle is None:
             raise ConnectionError(f"shard {shard} has no actor in the cluster")
         return handle
@@ -237,58 +390,114 @@ class RayShardFleet:
 
     def pids(self, timeout_s: float = 30.0) -> dict[int, int]:
         """Process id per shard (simulated shards only: a real engine need not expose it)."""
-        return {shard: self.call(shard, "pid", timeout_s=timeout_s) for shard in self._handles}
+        return {shard: self.call(shard, "pid", timeout_s=timeout_s) for shard in self.shards}
 
     # ── restarts ────────────────────────────────────────────────────────────
 
-    def restart(self, shard: int, *, ready_timeout_s: float) -> None:
-        """Replace ``shard``'s actor with a fresh one and wait until it answers.
+    def restart(self, shard: int, *, ready_timeout_s: float) -> str | None:
+        """Replace ``shard``'s actor with a fresh one, wait until it answers, and return
+        its base URL (the actor's ``base_url()``, ``None`` if it has no such method).
 
         The old actor is killed first (it may be frozen rather than gone; a second live
-        engine under the same index would serve from weights nobody tracks). Raises
-        :class:`ShardSpawnError` when the replacement is not ready in time.
+        engine under the same index would serve from weights nobody tracks). The
+        incarnation moves on at once, with the old handle dropped in the same step, so
+        nothing seen through the old handle can carry the new incarnation. Raises
+        :class:`ShardSpawnError` when the replacement is not ready (or does not tell its
+        URL) in time.
         """
         if self._factory is None:
             raise ShardSpawnError(f"shard {shard}: this fleet was given no factory to restart it")
-        old = self._handles.pop(shard, None)
+        with self._lock:
+            old = self._handles.pop(shard, None)
+            self._incarnations[shard] = self._incarnations.get(shard, 0) + 1
         if old is not None:
             ray.kill(old, no_restart=True)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             try:
-                self._handles[shard] = self._factory(shard)
-                self._incarnations[shard] = self.incarnation(shard) + 1
+                handle = self._factory(shard)
                 break
             except ValueError as exc:  # the name is freed only once Ray has reaped the old one
                 if time.monotonic() >= deadline:
                     raise ShardSpawnError(f"shard {shard}: {first_line(exc)}") from exc
                 time.sleep(0.05)
+        with self._lock:
+            self._handles[shard] = handle
         self.wait_ready([shard], max(0.1, deadline - time.monotonic()))
+        try:
+            return self._base_url_of(handle, max(0.1, deadline - time.monotonic()))
+        except Exception as exc:
+            raise ShardSpawnError(
+                f"shard {shard}: the replacement did not tell its base URL: {death_text(exc)}"
+            ) from exc
 
     def shutdown(self) -> None:
-        for handle in self._handles.values():
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+        for handle in handles:
             ray.kill(handle, no_restart=True)
-        self._handles.clear()
 
     @property
     def shards(self) -> tuple[int, ...]:
-        return tuple(sorted(self._handles))
+        with self._lock:
+            return tuple(sorted(self._handles))
 
 
-def actor_death_of(exc: BaseException) -> str | None:
-    """The runtime's "this actor is gone" anywhere in ``exc``'s cause chain, as text.
+def actor_death_of(exc: BaseException) -> ActorDeath | None:
+    """The runtime's "this actor is gone" anywhere in ``exc``'s cause chain.
 
     A rollout that saw its shard die learned something conclusive; recording it at once
     (instead of as one more reported failure) is what makes the retry land elsewhere.
+    Through :meth:`RayShardFleet.generate` it carries the incarnation it was seen
+    through; pass it on: ``ledger.actor_died(shard, death.text,
+    incarnation=death.incarnation)`` (what :class:`GenerationReports` does).
     """
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen and len(seen) < 8:
-        seen.add(id(link))
+    for link in cause_chain(exc):
+        if isinstance(link, ShardActorDied):
+            return ActorDeath(link.death, link.incarnation)
         if isinstance(link, RayActorError) and not isinstance(link, ActorUnavailableError):
-            return f"{type(link).__name__}: {first_line(link)}"
-        link = link.__cause__
+            return ActorDeath(death_text(link))
     return None
+
+
+class GenerationReports:
+    """What the rollout path learned from its generations, told to the ledger.
+
+    ``failure(shard, exc)`` is called when a generation raised, *before* the retry
+    re-selects (an idle fleet would otherwise re-pick the same lowest-index shard): a
+    confirmed actor death is recorded at once with the incarnation it was seen through
+    (a stale one is dropped by the ledger), any other infrastructure failure is counted
+    in the window and handed over; data failures and cancellations are not the shard's.
+    A ledger error is logged, never raised from here: the rollout's own failure must
+    keep its classification. ``success`` counts; ``flush`` hands the window over (at the
+    end of each step, say).
+    """
+
+    def __init__(self, ledger: Ledger, adapter: str) -> None:
+        self.ledger = ledger
+        self.adapter = adapter
+        self.window = OutcomeWindow()
+
+    def success(self, shard: int) -> None:
+        self.window.success(shard)
+
+    def failure(self, shard: int, exc: BaseException) -> None:
+        try:
+            death = actor_death_of(exc)
+            if death is not None:
+                self.flush()
+                self.ledger.actor_died(shard, death.text, incarnation=death.incarnation)
+            elif classify_exception(exc).kind is FailureKind.INFRA:
+                self.window.failure(shard, exc)
+                self.flush()
+        except LedgerError as problem:
+            _log.error("rollout failure not recorded", shard=shard, problem=str(problem))
+
+    def flush(self) -> None:
+        outcomes = self.window.take()
+        if outcomes:
+            self.ledger.report_outcomes(self.adapter, outcomes)
 
 
 @contextmanager

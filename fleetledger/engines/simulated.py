@@ -90,6 +90,13 @@ class SimulatedShard(GenerationShard):
     async def weight_version(self) -> int:
         return self._weight_version
 
+    async def base_url(self) -> str:
+        """Where this engine is reached: ``ray://<actor name>`` for a named actor (what
+        ``simulate`` records at the start), else ``ray://<actor id>``. Asked by
+        ``RayShardFleet.restart`` so ``replacement_loaded`` records the replacement's."""
+        context = ray.get_runtime_context()
+        return f"ray://{context.get_actor_name() or context.get_actor_id()}"
+
     async def set_weight_version(self, version: int) -> int:
         if version < self._weight_version:
             raise ValueError(

@@ -217,11 +217,10 @@ def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
                 )
         else:
             use_wal(engine)  # a no-op on a ledger already in WAL mode
-    except DBAPIError as exc:
-        database.dispose()
-        raise _connect_error(parsed, exc) from None
-    except LedgerOpenError:
-        database.dispose()
+    except (DBAPIError, LedgerOpenError) as exc:
+        database.dispose()  # a refused open leaves no engine, pool or keeper behind
+        if isinstance(exc, DBAPIError):
+            raise _connect_error(parsed, exc) from None
         raise
     return database
 
@@ -241,11 +240,10 @@ def _open_postgres(parsed: URL, mode: OpenMode) -> Database:
         elif state.revision != head_revision():
             raise migration_required(state, where)
         database.revision = state.revision
-    except DBAPIError as exc:
-        database.dispose()
-        raise _connect_error(parsed, exc) from None
-    except LedgerOpenError:
-        database.dispose()
+    except (DBAPIError, LedgerOpenError) as exc:
+        database.dispose()  # a refused open leaves no engine, pool or keeper behind
+        if isinstance(exc, DBAPIError):
+            raise _connect_error(parsed, exc) from None
         raise
     return database
 

@@ -2,7 +2,9 @@
 
 Each step runs ``groups_per_step`` groups of ``group_size`` rollouts through the
 least-outstanding selector; a failed attempt is recorded before the retry re-selects
-(with an idle fleet the selector would otherwise re-pick the same lowest-index shard);
+(with an idle fleet the selector would otherwise re-pick the same lowest-index shard),
+by the library's ``GenerationReports`` — which is also what keeps a death seen through
+a replaced actor's old handle from being recorded against its replacement;
 the trainer steps on the rows; the refit coordinator pushes the new weights to every
 shard that is not absent, recovering a failed push. Chaos lands halfway through one
 generation time of its step, so a kill hits a shard that is serving.
@@ -17,14 +19,10 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-import structlog
-
 from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
 from fleetledger.controller.fleet_controller import TrainingProgress
 from fleetledger.controller.generation_shard import Generation, GenerationRequest
-from fleetledger.controller.outcome_reporter import OutcomeWindow
-from fleetledger.controller.ray_fleet import actor_death_of, local_ray
+from fleetledger.controller.ray_fleet import GenerationReports, local_ray
 from fleetledger.controller.refit_recovery import RunFailed
 from fleetledger.controller.retry_policy import (
     Attempt,
@@ -35,14 +33,11 @@ from fleetledger.controller.retry_policy import (
     gather_cancelling_siblings,
     run_rollout,
 )
-from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
 from fleetledger.simulate.spec import SimulationResult, SimulationSpec
 from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
 
 ADAPTER = "simulate.rollouts"
-
-_log = structlog.get_logger("fleetledger.simulate")
 
 
 def _reward(generation: Generation) -> float:
@@ -63,7 +58,7 @@ class Simulation:
             generation_s=t.generation_timeout_s,
             environment_s=t.env_timeout_s,
         )
-        self.window = OutcomeWindow()
+        self.reports: GenerationReports  # set by run(), once the ledger exists
         self.train_steps = 0
         self.committed_groups = 0
         self.halted = threading.Event()
@@ -77,42 +72,16 @@ class Simulation:
         request = GenerationRequest(
             prompt_id=str(attempt.prompt_id), group_id=attempt.group_id, prompt="2+2="
         )
-        ledger = self.w.ledger
-        incarnation = ledger.membership.restart_attempts[attempt.shard]
         try:
             async with self.deadlines.generation():
                 result = await self.w.fleet.generate(attempt.shard, request)
         except Exception as exc:
-            try:
-                if ledger.membership.restart_attempts[attempt.shard] == incarnation:
-                    self.report_failure(attempt.shard, exc)
-                # else: the actor that failed was replaced meanwhile; reporting its
-                # failure now would condemn the replacement.
-            except LedgerError as problem:
-                # The rollout's own failure must keep its classification (infra): a
-                # ledger hiccup raised from here would be classified as data instead.
-                _log.error(
-                    "rollout failure not recorded", shard=attempt.shard, problem=str(problem)
-                )
+            # Recorded before the retry re-selects; a death of a replaced incarnation
+            # is dropped by the ledger, a ledger hiccup is logged (never raised here).
+            self.reports.failure(attempt.shard, exc)
             raise
-        self.window.success(attempt.shard)
+        self.reports.success(attempt.shard)
         return result
-
-    def report_failure(self, shard: int, exc: BaseException) -> None:
-        """Record what this attempt learned before the retry re-selects a shard."""
-        death = actor_death_of(exc)
-        if death is not None:
-            self.flush_window()
-            self.w.ledger.actor_died(shard, death)
-            return
-        if classify_exception(exc).kind is FailureKind.INFRA:
-            self.window.failure(shard, exc)
-            self.flush_window()
-
-    def flush_window(self) -> None:
-        outcomes = self.window.take()
-        if outcomes:
-            self.w.ledger.report_outcomes(ADAPTER, outcomes)
 
     async def group(self, step: int, index: int) -> list[float]:
         prompts = [f"s{step}-g{index}-p{k}" for k in range(self.spec.group_size)]
@@ -148,7 +117,7 @@ class Simulation:
             if isinstance(result, BaseException):
                 raise result
             rows += result
-        self.flush_window()
+        self.reports.flush()
         version: int = await self.w.trainer.step.remote(rows)
         self.train_steps += 1
         # Pushed to every shard that is not absent; a failed push is recovered.
@@ -217,6 +186,7 @@ class Simulation:
         hooks = LoopHooks(self.progress, self.counters.snapshot, self.halt)
         with local_ray():
             self.w = wire(spec, log, run, hooks, self.echo)
+            self.reports = GenerationReports(self.w.ledger, ADAPTER)
             try:
                 self.w.controller.start()
                 outcome, cause = asyncio.run(self.loop())

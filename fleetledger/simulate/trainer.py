@@ -1,19 +1,19 @@
-"""The simulation's trainer and its side of the refit: a trainer rank that steps, and
-the broadcast transport over a fleet whose shard actors may be restarted."""
+"""The simulation's trainer: a trainer rank (rank 0 of the refit communicator) that steps.
+
+Its side of the refit — the broadcast transport over a fleet whose shard actors may be
+restarted — is the library's :class:`~fleetledger.transports.restartable.
+RestartAwareSynchronizer`, the same one an embedder uses.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import ray
-
-from fleetledger.controller.ray_fleet import RayShardFleet
-from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
 from fleetledger.transports.ray_members import TrainerRank
-from fleetledger.weight_sync import ReconcileOutcome
+from fleetledger.transports.restartable import WeightsSpec
 
-WeightsSpec = dict[str, tuple[tuple[int, ...], str]]
+__all__ = ["SimulatedTrainer", "WeightsSpec"]
 
 
 class SimulatedTrainer(TrainerRank):
@@ -32,37 +32,3 @@ class SimulatedTrainer(TrainerRank):
         self._version += 1
         await self.train_step(self._version)
         return self._version
-
-
-class FleetSynchronizer(GlooBroadcastSynchronizer):
-    """The broadcast transport over a fleet whose shard actors may be restarted.
-
-    Before each build, a shard restarted since its worker joined is a new process: it
-    allocates its receive buffers and replaces the old worker, so the rebuild takes it
-    back into the communicator (the layout grows again). Done inside ``reconcile`` so
-    it sees the same absent set the build uses, however the restarter races the refit.
-    """
-
-    def __init__(
-        self,
-        fleet: RayShardFleet,
-        trainer: ray.actor.ActorHandle,
-        weights_spec: WeightsSpec,
-        **bounds: float,
-    ) -> None:
-        super().__init__([trainer], {s: [fleet.handle(s)] for s in fleet.shards}, **bounds)
-        self._fleet = fleet
-        self._spec = weights_spec
-        self._joined = {s: fleet.incarnation(s) for s in fleet.shards}
-
-    def reconcile(self, absent: Iterable[int], *, force: bool = False) -> ReconcileOutcome:
-        absent = frozenset(absent)
-        for shard, joined in self._joined.items():
-            current = self._fleet.incarnation(shard)
-            if shard not in absent and current != joined:
-                handle = self._fleet.handle(shard)
-                ray.get(handle.refit_allocate.remote(self._spec), timeout=60)
-                self.replace_shard(shard, [handle])
-                self._joined[shard] = current
-                force = True  # same absent set, different process: the group is stale
-        return super().reconcile(absent, force=force)
