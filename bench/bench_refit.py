@@ -10,7 +10,17 @@ Run it by hand (not part of the test suite; it asserts nothing about timing)::
 2. refit of a 40 MB state over 3 receivers: ``push`` from call to every checksum back;
 3. recovery time from a SIGKILL in the middle of a push to the next successful refit
    (``RefitCoordinator.refit``: bounded push fails, probe, partial, forced rebuild,
-   retry), with refit_timeout_s 2 s.
+   retry), with refit_timeout_s 2 s;
+4. the same at the DEFAULT refit timeout (300 s), the case that matters: shard 1 — an
+   interior rank of gloo's broadcast tree, whose death leaves every survivor parked
+   without an error — SIGKILLed mid-push, with the probe pump running, from the kill to
+   the next successful refit. "before": the ledger watch off (``watch_interval_s=None``),
+   i.e. the old path, which waits for the survivors' op timeout; measured at shorter
+   timeouts so the bench finishes, and the default's cost extrapolated (300 s plus the
+   measured overhead past the timeout). "after": the watch on, at the default 300 s,
+   with the pump at the default interval (5 s) and at 0.5 s.
+
+``--case`` runs one part only (``kill-default`` is part 4).
 """
 
 from __future__ import annotations
@@ -20,15 +30,18 @@ import os
 import signal
 import statistics
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ray
 
+from fleetledger.controller.config import FleetHealthConfig, RefitConfig
 from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.probe_pump import ProbePump
 from fleetledger.controller.ray_fleet import RayShardFleet, local_ray
-from fleetledger.controller.refit_recovery import RefitCoordinator
+from fleetledger.controller.refit_recovery import DEFAULT_WATCH_INTERVAL_S, RefitCoordinator
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
 from fleetledger.logs import configure_logging
@@ -41,7 +54,7 @@ def _line(name: str, value: str, note: str = "") -> None:
 
 
 class _World:
-    def __init__(self, shards: int, total_bytes: int, refit_timeout_s: float = 5.0) -> None:
+    def __init__(self, shards: int, total_bytes: int, refit_timeout_s: float | None = 5.0) -> None:
         self.trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(total_bytes)
         self.workers = [
             ray.remote(GenerationWorker).options(num_cpus=0).remote() for _ in range(shards)
@@ -53,9 +66,12 @@ class _World:
             [self.trainer],
             {s: [w] for s, w in enumerate(self.workers)},
             refit_timeout_s=refit_timeout_s,
-            grace_s=1.0,
-            settle_s=refit_timeout_s + 1.0,
+            grace_s=1.0,  # the settle window follows: refit_timeout_s + 1 s
         )
+
+    def in_flight(self, shards: list[int]) -> list[int]:
+        actors = [self.trainer, *(self.workers[s] for s in shards)]
+        return ray.get([a.refit_in_flight.remote() for a in actors])
 
     def close(self) -> None:
         for actor in [self.trainer, *self.workers]:
@@ -132,15 +148,114 @@ def bench_recovery(repeat: int, db_dir: Path) -> None:
     )
 
 
+def _kill_to_next_refit(
+    db: Path, refit_timeout_s: float, watch: bool, probe_interval_s: float
+) -> float:
+    """One trial of part 4: seconds from the SIGKILL to the next successful refit."""
+    victim = 1  # rank 2 of 4: its death leaves every survivor parked without an error
+    w = _World(3, 40_000_000, refit_timeout_s=refit_timeout_s)
+    log = EventLog.open(f"sqlite:///{db}")
+    stop = threading.Event()
+    try:
+        ledger = Ledger.start(
+            log, "r", FleetConfig(shard_count=3, train_world_size=1, base_urls=("a", "b", "c"))
+        )
+        fleet = RayShardFleet(dict(enumerate(w.workers)))
+        coordinator = RefitCoordinator(
+            ledger,
+            w.sync,
+            fleet,
+            refit_timeout_s=refit_timeout_s,
+            grace_s=RefitConfig().grace_s,
+            probe_timeout_s=0.5,
+            watch_interval_s=DEFAULT_WATCH_INTERVAL_S if watch else None,
+        )
+        coordinator.refit(1)
+        health = FleetHealthConfig(
+            enabled=True, probe_interval_s=probe_interval_s, probe_timeout_s=0.4
+        )
+        ProbePump(ledger, fleet, health).start(stop)
+        ray.get(w.trainer.train_step.remote(2))
+        os.kill(w.pids[victim], signal.SIGSTOP)  # the push cannot complete before the kill
+        with ThreadPoolExecutor(1) as pool:
+            refit = pool.submit(coordinator.refit, 2)
+            while set(w.in_flight([0, 2])) != {1}:  # every survivor inside the collective
+                time.sleep(0.01)
+            t = time.perf_counter()
+            os.kill(w.pids[victim], signal.SIGKILL)
+            outcome = refit.result(timeout=refit_timeout_s + 300)
+            elapsed = time.perf_counter() - t
+        assert outcome.recovered and outcome.participants == (0, 2), outcome
+        return elapsed
+    finally:
+        stop.set()
+        log.close()
+        w.close()
+
+
+def bench_kill_at_the_default_timeout(repeat: int, db_dir: Path, old_timeouts: list[float]) -> None:
+    default = RefitConfig().refit_timeout_s
+    assert default is not None
+    trial = iter(range(10_000))
+
+    def db() -> Path:
+        return db_dir / f"kill-default-{next(trial)}.db"
+
+    overheads = []
+    for timeout in old_timeouts:
+        cost = _kill_to_next_refit(db(), timeout, watch=False, probe_interval_s=5.0)
+        overheads.append(cost - timeout)
+        _line(
+            f"before (watch off), refit_timeout_s {timeout:g} s: measured",
+            f"{cost:.1f} s",
+            f"= timeout + {cost - timeout:.1f} s",
+        )
+    before = default + statistics.mean(overheads)
+    _line(
+        f"before (watch off), refit_timeout_s {default:g} s (default): extrapolated",
+        f"≈ {before:.1f} s",
+        f"= {default:g} s + the mean overhead past the timeout above",
+    )
+    for interval in (5.0, 0.5):
+        times = [
+            _kill_to_next_refit(db(), default, watch=True, probe_interval_s=interval)
+            for _ in range(repeat)
+        ]
+        _line(
+            f"after (watch on), refit_timeout_s {default:g} s, probe every {interval:g} s "
+            f"(median / max of {repeat})",
+            f"{statistics.median(times):.2f} / {max(times):.2f} s",
+            f"{before / statistics.median(times):.0f}× faster; the kill lands just after a "
+            "probe round (the interval's worst case)",
+        )
+
+
+CASES = ("rebuild", "push", "recovery", "kill-default")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--case", choices=("all", *CASES), default="all")
+    parser.add_argument(
+        "--old-timeouts",
+        type=float,
+        nargs="+",
+        default=[10.0, 20.0],
+        help="refit timeouts (s) at which part 4 measures the old path",
+    )
     args = parser.parse_args()
     configure_logging("error")
+    run = set(CASES) if args.case == "all" else {args.case}
     with local_ray(), tempfile.TemporaryDirectory(prefix="fl-bench-") as tmp:
-        bench_rebuild(args.repeat)
-        bench_push(args.repeat)
-        bench_recovery(args.repeat, Path(tmp))
+        if "rebuild" in run:
+            bench_rebuild(args.repeat)
+        if "push" in run:
+            bench_push(args.repeat)
+        if "recovery" in run:
+            bench_recovery(args.repeat, Path(tmp))
+        if "kill-default" in run:
+            bench_kill_at_the_default_timeout(args.repeat, Path(tmp), args.old_timeouts)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ rank layout the transport actually built, which the coordinator checks against t
 ledger's (a transport that builds no collective leaves it ``None``). What it gets back on
 failure: a :class:`RefitFailed` whose parties are typed (:class:`Party`), so the recovery
 reads who died, who hung and whether the device context is lost from fields, never by
-parsing ``"shard 3"`` out of a string.
+parsing ``"shard 3"`` out of a string — and what kind of failure it is
+(:class:`RefitFailureKind`: timed out, peer lost, aborted, deterministic), which decides
+whether the recovery runs at all (``projections.decisions.decide_refit_failure``): a
+deterministic failure is not retried, and nobody is condemned for it.
 
 A transport remembers the absent set its communicator was built with and skips a
 rebuild when it is unchanged (compared as sets): reconciling is called twice per refit,
@@ -31,6 +34,7 @@ from enum import StrEnum
 from typing import Literal, get_args
 
 from fleetledger.errors import FleetledgerError
+from fleetledger.projections.decisions import RefitFailureKind
 from fleetledger.projections.rank_layout import RankLayout
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "PushReport",
     "ReconcileOutcome",
     "RefitFailed",
+    "RefitFailureKind",
     "WeightSynchronizer",
 ]
 
@@ -101,6 +106,12 @@ class RefitFailed(FleetledgerError):
     every rank of a collective does when any peer fails, so an error names a party
     without condemning it. ``context_lost``: the trainer's device context is gone, and
     no rebuild can work. ``detail``: what failed when no party is to blame.
+
+    ``kind``: what the transport knows the failure to be (it sees which party raised
+    what). Left ``None`` by a transport that does not say, it is read from the parties
+    (:attr:`failure_kind`): a dead party is a lost peer, a silent one a timeout, and a
+    failure naming neither is deterministic — an error nobody recognised fails loudly
+    instead of being retried, or pinned on a suspect, into silence.
     """
 
     stage: str
@@ -109,6 +120,7 @@ class RefitFailed(FleetledgerError):
     errors: dict[Party, str] = field(default_factory=dict)
     context_lost: bool = False
     detail: str = ""
+    kind: RefitFailureKind | None = None
 
     def __str__(self) -> str:
         found = (("dead", self.dead), ("silent", self.silent), ("failed", self.errors))
@@ -120,6 +132,17 @@ class RefitFailed(FleetledgerError):
         if self.detail:
             parts.append(self.detail)
         return f"refit {self.stage} failed — " + (" | ".join(parts) or "no party named")
+
+    @property
+    def failure_kind(self) -> RefitFailureKind:
+        """``kind`` when the transport set it, else what the parties say (see above)."""
+        if self.kind is not None:
+            return self.kind
+        if self.dead:
+            return RefitFailureKind.PEER_LOST
+        if self.silent:
+            return RefitFailureKind.TIMED_OUT
+        return RefitFailureKind.DETERMINISTIC
 
     @property
     def dead_shards(self) -> tuple[int, ...]:

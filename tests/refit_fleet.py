@@ -10,16 +10,50 @@ import ray
 
 from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
+from fleetledger.transports.gloo_rank import checksum
 from fleetledger.transports.ray_members import GenerationWorker, TrainerRank
 
 SHARDS = 3
 
 
+class FaultyWorker(GenerationWorker):
+    """A generation worker with faults to arm: its pushes raise a ``ValueError`` — a bug
+    in the transport's receiving side, raised before it joins the collective, so the
+    other members are left waiting in it — or receive, then hold different bytes (what
+    a receiver that corrupted its copy would answer)."""
+
+    _fault: str | None = None
+    _corrupt = False
+
+    async def arm_fault(self, text: str) -> None:
+        self._fault = text
+
+    async def arm_corruption(self) -> None:
+        self._corrupt = True
+
+    async def refit_broadcast(self, version: int) -> dict:
+        if self._fault is not None:
+            raise ValueError(self._fault)
+        result = await super().refit_broadcast(version)
+        if self._corrupt:
+            tensors = self._member().tensors
+            next(iter(tensors.values()))[0] += 1.0
+            result = {**result, "checksum": checksum(tensors)}
+        return result
+
+
 class Fleet:
-    def __init__(self, total_bytes: int, refit_timeout_s: float) -> None:
+    """``refit_timeout_s=None``: unbounded; the settle window follows the refit timeout."""
+
+    def __init__(
+        self, total_bytes: int, refit_timeout_s: float | None, *, faulty: int | None = None
+    ) -> None:
         self.trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(total_bytes)
         self.workers = [
-            ray.remote(GenerationWorker).options(num_cpus=0).remote() for _ in range(SHARDS)
+            ray.remote(FaultyWorker if s == faulty else GenerationWorker)
+            .options(num_cpus=0)
+            .remote()
+            for s in range(SHARDS)
         ]
         spec = ray.get(self.trainer.spec.remote(), timeout=60)
         ray.get([w.refit_allocate.remote(spec) for w in self.workers], timeout=60)
@@ -29,7 +63,6 @@ class Fleet:
             {s: [w] for s, w in enumerate(self.workers)},
             refit_timeout_s=refit_timeout_s,
             grace_s=1.0,
-            settle_s=refit_timeout_s + 2.0,
         )
 
     def new_worker(self, shard: int) -> None:
@@ -47,6 +80,14 @@ class Fleet:
 
     def step(self, version: int) -> str:
         return ray.get(self.trainer.train_step.remote(version), timeout=60)
+
+    def in_flight(self, shards) -> dict[str, int]:
+        """Pushes still inside a collective, per member (the trainer and ``shards``)."""
+        members = {"trainer 0": self.trainer, **{f"shard {s}": self.workers[s] for s in shards}}
+        return {
+            name: ray.get(actor.refit_in_flight.remote(), timeout=60)
+            for name, actor in members.items()
+        }
 
     def close(self) -> None:
         for pid in self.pids:

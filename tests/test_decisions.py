@@ -17,10 +17,14 @@ from fleetledger.projections.decisions import (
     CondemnationVerdict,
     Exhaustion,
     ExhaustionVerdict,
+    RefitFailureKind,
+    RefitFailureVerdict,
     RestartVerdict,
     decide_condemnation,
     decide_exhaustion,
+    decide_refit_failure,
     decide_restart,
+    refit_failure_kind,
 )
 from fleetledger.projections.shard_states import ShardState
 from tests.projection_builders import Fleet, put_in
@@ -318,3 +322,92 @@ def test_exhausted_iff_fewer_serve_than_the_floor(states, data):
         rests_on = [r.since_seq for r in fleet.view.shards if r.serving]
     assert decision.evidence == tuple(sorted(set(rests_on)))
     assert (fleet.view.exhaustion() is not None) == decision.exhausted
+
+
+# ── a failed refit: recover or fail ────────────────────────────────────────────────
+
+KINDS = st.sampled_from(list(RefitFailureKind))
+PUSH_FAILURE = "RefitFailed: refit push failed — failed: shard 1: ValueError: shape (4,) ≠ (8,)"
+
+
+def _refit_in_flight(fleet: Fleet, version: int = 2) -> int:
+    fleet.refit_started(version, [r.index for r in fleet.view.shards if not r.absent])
+    return fleet.last_seq
+
+
+def test_a_deterministic_failure_fails_with_the_error_as_its_reason():
+    fleet = Fleet(shard_count=3)
+    fleet.probe_failed(0)  # a lone suspect: the recovery would condemn it
+    started = _refit_in_flight(fleet)
+    decision = decide_refit_failure(
+        fleet.view,
+        version=2,
+        kind=RefitFailureKind.DETERMINISTIC,
+        context_lost=False,
+        failure=PUSH_FAILURE,
+    )
+    assert decision.verdict is RefitFailureVerdict.FAIL and not decision.recover
+    assert decision.reason == (
+        "refit v2 failed deterministically, so it is not retried and no shard is condemned "
+        f"for it: {PUSH_FAILURE}"
+    )
+    assert decision.evidence == (started,)
+    assert (decision.kind, decision.context_lost) == (RefitFailureKind.DETERMINISTIC, False)
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        (RefitFailureKind.TIMED_OUT, "timed out"),
+        (RefitFailureKind.PEER_LOST, "lost a peer"),
+        (RefitFailureKind.ABORTED, "was aborted"),
+    ],
+)
+def test_a_timeout_a_lost_peer_or_an_abort_is_recovered(kind, says):
+    fleet = Fleet(shard_count=3)
+    started = _refit_in_flight(fleet)
+    decision = decide_refit_failure(
+        fleet.view, version=2, kind=kind, context_lost=False, failure=FAILURE
+    )
+    assert decision.verdict is RefitFailureVerdict.RECOVER and decision.recover
+    assert decision.reason == f"refit v2 {says}; recovering: {FAILURE}"
+    assert decision.evidence == (started,)
+
+
+@given(kind=KINDS)
+def test_a_lost_device_context_fails_whatever_the_kind(kind):
+    fleet = Fleet(shard_count=2)
+    decision = decide_refit_failure(
+        fleet.view, version=3, kind=kind, context_lost=True, failure="CUDA error"
+    )
+    assert decision.verdict is RefitFailureVerdict.FAIL
+    assert decision.reason == "refit v3: the trainer's device context is lost: CUDA error"
+    assert decision.evidence == ()  # no refit open: nothing to rest on but the facts
+
+
+@given(kind=KINDS, context_lost=st.booleans())
+def test_recovered_exactly_when_the_fleet_can_have_caused_it(kind, context_lost):
+    fleet = Fleet(shard_count=2)
+    decision = decide_refit_failure(
+        fleet.view, version=1, kind=kind, context_lost=context_lost, failure="x" * 10_000
+    )
+    assert decision.recover == (kind is not RefitFailureKind.DETERMINISTIC and not context_lost)
+    assert len(decision.reason) <= 4096
+
+
+@given(st.lists(KINDS, max_size=6))
+def test_the_kind_of_a_failure_seen_differently_by_its_parties(kinds):
+    combined = refit_failure_kind(kinds)
+    if not kinds:
+        assert combined is None
+        return
+    assert combined in kinds
+    # A bug anywhere makes the whole failure deterministic: the others' timeouts are its
+    # consequence. Then a lost peer, then a timeout, then an abort.
+    order = [
+        RefitFailureKind.DETERMINISTIC,
+        RefitFailureKind.PEER_LOST,
+        RefitFailureKind.TIMED_OUT,
+        RefitFailureKind.ABORTED,
+    ]
+    assert combined == min(kinds, key=order.index)

@@ -5,6 +5,8 @@ healthy floor within the fleet) and a random sequence of every event kind the mo
 define, as valid as the log would accept (shards in range, ``run_ended`` last if at
 all). After every event the fold must keep its invariants; snapshots at any prefix plus
 the tail must give the full fold; order, gaps and foreign snapshots must be refused.
+(One test reads through a real SQLite log: a snapshot of the previous projection
+version must be skipped and the run refolded.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleetledger.controller.ledger import Ledger
+from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -52,9 +56,11 @@ from fleetledger.projections.fleet_view import (
     fold,
     fold_with_transitions,
 )
+from fleetledger.projections.membership import membership_document
 from fleetledger.projections.rank_layout import RankLayoutError, rank_layout
 from fleetledger.projections.shard_states import Input, ShardRecord, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
+from fleetledger.queries.views import load_view
 from tests.projection_builders import RUN, fleet_config, record_run, recorded
 
 H, S, D, R, ST, RT = (
@@ -228,10 +234,18 @@ class Before:
     shards: list[ShardRecord]
     serving: tuple[int, ...]
     epoch: int
+    absent: tuple[int, ...]
+    absent_generation: int
 
     @classmethod
     def of(cls, view: FleetView) -> Before:
-        return cls([copy.copy(r) for r in view.shards], view.serving, view.epoch)
+        return cls(
+            [copy.copy(r) for r in view.shards],
+            view.serving,
+            view.epoch,
+            view.absent,
+            view.absent_generation,
+        )
 
 
 def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -> None:
@@ -301,6 +315,15 @@ def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -
     else:
         assert view.epoch == before.epoch
 
+    # The absent generation likewise, for the absent set (the rank layout): the integer
+    # the transports compare. Neither implies the other (re-admission moves only this).
+    assert view.last_absent == frozenset(absent)
+    if frozenset(absent) != frozenset(before.absent):
+        assert view.absent_generation == before.absent_generation + 1
+    else:
+        assert view.absent_generation == before.absent_generation
+    assert membership_document(view)["absent_generation"] == view.absent_generation
+
     # Per-shard bookkeeping stays coherent.
     for r in view.shards:
         assert r.probe_failures == len(r.probe_evidence)
@@ -351,7 +374,7 @@ def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -
 @given(runs())
 def test_the_fold_keeps_its_invariants_after_every_event(records):
     view = FleetView.start(records[0])
-    assert view.epoch == 0
+    assert view.epoch == 0 and view.absent_generation == 0
     transitions = []
     for rec in records[1:]:
         before = Before.of(view)
@@ -499,3 +522,45 @@ def test_a_snapshot_with_a_damaged_field_is_refused_with_a_projection_error():
     del body["shards"][1]["reported_evidence"]
     with pytest.raises(ProjectionError, match="damaged"):
         from_snapshot(json.dumps(body))
+
+
+_DEATH_AND_RESTART = [
+    ActorDeathConfirmed(shard=1, error="ActorDiedError"),
+    RestartRequested(shard=1),
+    ReplacementLoaded(shard=1),
+    RefitCompleted(weight_version=2, shards=(0, 1, 2)),
+]
+
+
+def test_the_absent_generation_moves_on_a_death_and_on_a_re_admission_not_the_epoch():
+    """DEAD → RESTARTING stays absent (no move); RESTARTING → STALE leaves the absent set
+    (the layout grows back) while the serving set, and so the epoch, stays put; STALE →
+    HEALTHY moves the epoch and not the layout."""
+    records = record_run(fleet_config(3), _DEATH_AND_RESTART)
+    views = [fold(records[:k]) for k in range(1, len(records) + 1)]
+    assert [(v.epoch, v.absent_generation) for v in views] == [
+        (0, 0),  # started
+        (1, 1),  # the death: out of both sets
+        (1, 1),  # DEAD → RESTARTING: absent either way
+        (1, 2),  # RESTARTING → STALE: the layout grows back, nothing serves more
+        (2, 2),  # STALE → HEALTHY: serving again, the layout unchanged
+    ]
+
+
+def test_a_snapshot_of_the_previous_projection_version_is_skipped_and_refolded(sqlite_url):
+    """A run whose snapshot predates the absent generation (projection version 1): the
+    log is asked for this version's snapshots only, so the view is refolded from the
+    events and the generation counted from the start."""
+    with EventLog.open(sqlite_url) as log:
+        ledger = Ledger.start(log, RUN, fleet_config(3))
+        ledger.record(_DEATH_AND_RESTART[:3])
+        old = json.loads(to_snapshot(ledger.view))
+        old["projection_version"] = 1
+        del old["absent_generation"], old["last_absent"]  # what version 1 wrote
+        log.save_snapshot(RUN, 1, ledger.view.seq, json.dumps(old))
+        with pytest.raises(ProjectionError, match="projection version 1"):
+            from_snapshot(json.dumps(old))
+        view = load_view(log, RUN)
+        assert view == fold(log.read(RUN)) == ledger.view
+        assert view.absent_generation == 2
+        assert Ledger.resume(log, RUN).membership.absent_generation == 2

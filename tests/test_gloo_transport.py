@@ -24,12 +24,14 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
+from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer  # noqa: E402
 from fleetledger.weight_sync import (  # noqa: E402
     NoCollective,
     Party,
     PushReport,
     ReconcileOutcome,
     RefitFailed,
+    RefitFailureKind,
 )
 from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
@@ -106,6 +108,7 @@ def test_a_kill_in_the_middle_of_a_broadcast_fails_the_push_then_the_smaller_wor
         # The dead party is named (dead, or failed when its socket reset first).
         assert Party.shard(2) in {**failed.value.dead, **failed.value.errors}, str(failed.value)
         assert "shard 2: " in str(failed.value)  # messages still say it the old way
+        assert failed.value.kind is RefitFailureKind.PEER_LOST  # recovered, not a bug
         ledger.actor_died(2, "ActorDiedError: killed mid-broadcast")
         # The absent set is new here; on the recovery path it is forced regardless.
         assert _reconcile(fleet, ledger, force=True) is ReconcileOutcome.REBUILT
@@ -126,6 +129,7 @@ def test_a_frozen_receiver_is_named_silent_and_the_push_is_bounded(fleet, ledger
     assert 0 in failed.value.named_shards  # where a silent participant must be found
     assert Party.shard(0) in failed.value.silent
     assert not failed.value.dead
+    assert failed.value.kind is RefitFailureKind.TIMED_OUT
     os.kill(fleet.pids[0], signal.SIGCONT)
 
 
@@ -159,3 +163,127 @@ def test_a_transport_without_a_collective_says_not_applicable():
     assert transport.reconcile({1}, force=True) is ReconcileOutcome.NOT_APPLICABLE
     assert transport.built_layout is None  # nothing built: the coordinator checks no layout
     assert transport.push(3).version == 3 and loaded == [3]
+
+
+# ── the settle window, unbounded refits, aborts that release, deterministic kinds ──
+
+
+def test_the_settle_window_follows_the_refit_timeout():
+    """Not a fixed 10 s: a survivor that sees no error leaves at its op timeout, which is
+    the refit timeout; unbounded with it. An explicit window is kept."""
+
+    def sync(**bounds) -> GlooBroadcastSynchronizer:
+        return GlooBroadcastSynchronizer([object()], {0: [object()]}, **bounds)
+
+    assert sync(refit_timeout_s=300.0, grace_s=60.0).settle_s == 360.0
+    assert sync(refit_timeout_s=3.0, grace_s=1.0).settle_s == 4.0
+    assert sync(refit_timeout_s=None, grace_s=60.0).settle_s is None
+    assert sync(refit_timeout_s=300.0, settle_s=7.0).settle_s == 7.0
+    with pytest.raises(ValueError, match="refit_timeout_s must be > 0 or None"):
+        sync(refit_timeout_s=0.0)
+
+
+def test_an_unbounded_transport_builds_and_pushes(ray_cluster, ledger):
+    fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=None)
+    try:
+        assert _reconcile(fleet, ledger) is ReconcileOutcome.REBUILT
+        expected = fleet.step(1)
+        assert fleet.sync.push(1).checksum == expected
+    finally:
+        fleet.close()
+
+
+def _until_parked(fleet: Fleet, shards, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while set(fleet.in_flight(shards).values()) != {1}:
+        assert time.monotonic() < deadline, f"the push never started: {fleet.in_flight(shards)}"
+        time.sleep(0.02)
+
+
+def test_abort_releases_the_survivors_parked_in_a_push_and_the_rebuild_works(ray_cluster, ledger):
+    """SIGKILL of shard 1 (an interior rank of gloo's broadcast tree) leaves every
+    survivor parked in the collective until the op timeout — 300 s here, the default.
+    ``abort()`` releases them at once; the rebuild over the survivors is not held up by
+    anything still inside the old group, and pushes."""
+    fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=300.0)
+    try:
+        _reconcile(fleet, ledger)
+        fleet.step(1)
+        os.kill(fleet.pids[1], signal.SIGSTOP)  # the push cannot complete before the kill
+        with ThreadPoolExecutor(1) as pool:
+            push = pool.submit(fleet.sync.push, 1)
+            _until_parked(fleet, (0, 2))
+            os.kill(fleet.pids[1], signal.SIGKILL)
+            time.sleep(1.0)  # long past Ray's "actor died" (ms): the shards see nothing
+            # (The root, whose send to the victim was pending, may see its socket close.)
+            assert fleet.in_flight((0, 2)) | {"trainer 0": 1} == {
+                "trainer 0": 1,
+                "shard 0": 1,
+                "shard 2": 1,
+            }
+            assert not push.done()
+            fleet.sync.abort()
+            with pytest.raises(RefitFailed) as failed:
+                push.result(timeout=60)  # released: not the 300 s op timeout
+        assert Party.shard(1) in failed.value.dead
+        for party in (Party.shard(0), Party.shard(2)):
+            assert failed.value.errors[party].startswith("CollectiveAborted"), str(failed.value)
+        assert failed.value.errors[Party.trainer(0)].startswith(("CollectiveAborted", "PeerLost"))
+        assert failed.value.kind is RefitFailureKind.PEER_LOST  # the death speaks for it
+        assert fleet.in_flight((0, 2)) == {"trainer 0": 0, "shard 0": 0, "shard 2": 0}
+        assert (fleet.sync.built_absent, fleet.sync.built_layout) == (None, None)
+        ledger.actor_died(1, "ActorDiedError: killed mid-broadcast")
+        assert _reconcile(fleet, ledger, force=True) is ReconcileOutcome.REBUILT
+        expected = fleet.step(2)
+        assert fleet.sync.push(2).checksum == expected
+        assert {ray.get(fleet.workers[s].refit_checksum.remote()) for s in (0, 2)} == {expected}
+    finally:
+        fleet.close()
+
+
+def test_a_late_abort_of_an_old_build_leaves_the_new_communicator_alone(fleet, ledger):
+    _reconcile(fleet, ledger)
+    old_build = fleet.sync.builds
+    _reconcile(fleet, ledger, force=True)
+    aborted = ray.get([w.refit_abort.remote(old_build) for w in fleet.workers], timeout=60)
+    assert aborted == [False] * SHARDS
+    expected = fleet.step(1)
+    assert fleet.sync.push(1).checksum == expected
+
+
+def test_a_checksum_mismatch_on_a_receiver_is_deterministic(ray_cluster, ledger):
+    fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=3.0, faulty=2)
+    try:
+        _reconcile(fleet, ledger)
+        ray.get(fleet.workers[2].arm_corruption.remote(), timeout=60)
+        fleet.step(1)
+        with pytest.raises(RefitFailed) as failed:
+            fleet.sync.push(1)
+        assert failed.value.stage == "verify"
+        assert list(failed.value.errors) == [Party.shard(2)]
+        assert "checksum" in failed.value.errors[Party.shard(2)]
+        assert failed.value.kind is RefitFailureKind.DETERMINISTIC
+    finally:
+        fleet.close()
+
+
+def test_a_value_error_in_a_member_is_deterministic_and_releases_the_others(ray_cluster, ledger):
+    """At the default refit timeout: the others wait in the collective for a member that
+    never joins; a deterministic failure has no rebuild to settle for, so they are
+    released at once instead of after the settle window (360 s)."""
+    fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=300.0, faulty=0)
+    try:
+        _reconcile(fleet, ledger)
+        ray.get(fleet.workers[0].arm_fault.remote("receive spec mismatch"), timeout=60)
+        fleet.step(1)
+        with ThreadPoolExecutor(1) as pool:
+            push = pool.submit(fleet.sync.push, 1)
+            with pytest.raises(RefitFailed) as failed:
+                push.result(timeout=120)
+        assert failed.value.kind is RefitFailureKind.DETERMINISTIC
+        assert failed.value.errors[Party.shard(0)] == "ValueError: receive spec mismatch"
+        assert isinstance(failed.value.__cause__, ValueError)
+        assert fleet.sync.built_layout is None  # the communicator is gone: rebuild first
+        assert fleet.in_flight((1, 2)) == {"trainer 0": 0, "shard 1": 0, "shard 2": 0}
+    finally:
+        fleet.close()

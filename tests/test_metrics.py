@@ -95,3 +95,27 @@ def test_a_counter_that_is_not_a_number_is_an_error(ledger):
     metrics = FleetMetrics("r", lambda: ledger.membership, rollouts=lambda: {"committed": "7"})
     with pytest.raises(TypeError, match="not a number"):
         metrics.render()
+
+
+def test_the_absent_generation_gauge_moves_with_the_rank_layout_not_the_epoch(ledger):
+    """The transports' integer: a death moves it (and the epoch); a restarted shard's
+    re-admission (RESTARTING → STALE) moves it alone — the layout grows back while the
+    serving set, and so the epoch, stays put."""
+    metrics = FleetMetrics("r", lambda: ledger.membership)
+
+    def integers() -> tuple[float, float]:
+        samples = _samples(metrics.render().decode())
+        return (
+            samples[key("fleetledger_membership_epoch")],
+            samples[key("fleetledger_absent_generation")],
+        )
+
+    seen = [integers()]
+    ledger.actor_died(1, "ActorDiedError: gone")
+    seen.append(integers())
+    ledger.restart_requested(1)
+    seen.append(integers())
+    ledger.replacement_loaded(1)
+    seen.append(integers())
+    assert seen == [(0, 0), (1, 1), (1, 1), (1, 2)]
+    assert seen[-1][1] == ledger.membership.absent_generation == ledger.view.absent_generation

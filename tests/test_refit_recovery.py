@@ -1,21 +1,28 @@
 """Refit recovery on real gloo groups between Ray actor processes: probe now, mark
-partial, condemn a lone suspect, rebuild, retry once.
+partial, condemn a lone suspect, rebuild, retry once — and abort a push as soon as the
+ledger records a participant dead, and end the run on a deterministic failure.
 
 Kills and freezes are real signals; every step of a recovery must be in the log, and
-the layout the transport built must be the ledger's layout at that point.
+the layout the transport built must be the ledger's layout at that point. Tests at the
+default refit timeout (300 s) assert on the recorded events and their order; the
+``result(timeout=...)`` of a refit is only a guard against a hang, well below 300 s.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from fleetledger.controller.config import FleetHealthConfig, RefitConfig
+from fleetledger.controller.failure_taxonomy import cause_chain
 from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.probe_pump import ProbePump
 from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
 from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
@@ -31,11 +38,14 @@ from fleetledger.weight_sync import (  # noqa: E402
     PushReport,
     ReconcileOutcome,
     RefitFailed,
+    RefitFailureKind,
     WeightSynchronizer,
 )
 from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
 REFIT_TIMEOUT_S = 2.0
+DEFAULTS = RefitConfig()  # refit_timeout_s 300, grace_s 60
+HANG_GUARD_S = 200.0  # a refit not back by then is waiting out the 300 s timeout: a failure
 
 
 @pytest.fixture
@@ -177,24 +187,35 @@ def test_a_restarted_shard_rejoins_the_next_refit_and_serves_at_the_new_version(
     coordinator = _coordinator(fleet, ledger)
     fleet.step(1)
     coordinator.refit(1)
+    generations = [_integers(ledger)]
     os.kill(fleet.pids[1], signal.SIGKILL)
     _probe_until_dead(fleet, ledger, 1)
+    generations.append(_integers(ledger))
     fleet.step(2)
     coordinator.refit(2)
     assert fleet.sync.built_layout.world_size == 3
     # Restart: recorded first, then the new process, then loaded (STALE: start-up weights).
     ledger.restart_requested(1)
+    generations.append(_integers(ledger))
     fleet.new_worker(1)
     ledger.replacement_loaded(1)
+    generations.append(_integers(ledger))
     assert ledger.view.state_of(1) is ShardState.STALE
     expected = fleet.step(3)
     outcome = coordinator.refit(3)
+    generations.append(_integers(ledger))
     assert outcome.participants == (0, 1, 2)
     assert fleet.sync.built_layout.world_size == 4  # the layout grew back
     assert fleet.sync.built_layout == ledger.view.layout()
     assert ledger.view.state_of(1) is ShardState.HEALTHY
     assert ledger.view.shards[1].weight_version == 3
     assert _checksums(fleet, (0, 1, 2)) == {expected}
+    # (epoch, absent generation) after: refit 1, the death, restart_requested (DEAD →
+    # RESTARTING: absent either way), replacement_loaded (RESTARTING → STALE: the layout
+    # grows back, the serving set does not), refit 3 (STALE → HEALTHY: serving again).
+    # The transport rebuilt exactly where the absent generation moved.
+    assert generations == [(0, 0), (1, 1), (1, 1), (1, 2), (2, 2)]
+    assert fleet.sync.rebuilds == 3  # the first build, after the death, after re-admission
 
 
 def _remote_task_error(cause: BaseException) -> BaseException:
@@ -351,6 +372,14 @@ def test_a_shard_the_push_saw_die_is_recorded_dead_though_its_probe_answered(led
     assert (death.shard, death.error) == (1, "seen dying by the refit: ActorDiedError: killed")
 
 
+def _integers(ledger: Ledger) -> tuple[int, int]:
+    """(epoch, absent generation), read from the thread-safe copy and checked against the
+    live view it was copied from."""
+    m = ledger.membership
+    assert (m.epoch, m.absent_generation) == (ledger.view.epoch, ledger.view.absent_generation)
+    return m.epoch, m.absent_generation
+
+
 def _probe_until_dead(fleet: Fleet, ledger: Ledger, shard: int, timeout_s: float = 60.0) -> None:
     """Probe rounds, as the pump would run them, until the runtime reports the death."""
     deadline = time.monotonic() + timeout_s
@@ -358,3 +387,260 @@ def _probe_until_dead(fleet: Fleet, ledger: Ledger, shard: int, timeout_s: float
         assert time.monotonic() < deadline, f"shard {shard} never reported dead"
         results = fleet.prober().probe(list(ledger.view.serving), 10.0)
         ledger.record_probes({s: r for s, r in results.items() if r.kind in ("ok", "died")})
+
+
+# ── a death recorded mid-push aborts it: no waiting out the refit timeout ─────────
+
+
+def _pump(fleet: Fleet, ledger: Ledger, stop: threading.Event) -> None:
+    """The probe pump, as the controller runs it, on a short cadence."""
+    config = FleetHealthConfig(enabled=True, probe_interval_s=0.5, probe_timeout_s=0.4)
+    ProbePump(ledger, fleet.prober(), config).start(stop)
+
+
+def _until_parked(fleet: Fleet, shards, timeout_s: float = 60.0) -> None:
+    """Wait until the trainer and ``shards`` are each inside the push's collective."""
+    deadline = time.monotonic() + timeout_s
+    while set(fleet.in_flight(shards).values()) != {1}:
+        assert time.monotonic() < deadline, f"the push never started: {fleet.in_flight(shards)}"
+        time.sleep(0.02)
+
+
+def _kill_mid_push(fleet: Fleet, coordinator: RefitCoordinator, pool, victim: int, version: int):
+    """Start refit ``version`` and SIGKILL ``victim`` while the push is in flight.
+
+    Stopped first, the victim cannot receive, so the push cannot complete before the
+    kill lands; killed, it leaves every survivor parked in the collective (shard 1 is an
+    interior rank of gloo's broadcast tree: nobody sees an error until the op timeout).
+    """
+    os.kill(fleet.pids[victim], signal.SIGSTOP)
+    refit = pool.submit(coordinator.refit, version)
+    _until_parked(fleet, [s for s in range(SHARDS) if s != victim])
+    os.kill(fleet.pids[victim], signal.SIGKILL)
+    return refit
+
+
+def _assert_aborted_on_the_recorded_death(ledger: Ledger, head: int, victim: int) -> None:
+    events = list(ledger.log.read(ledger.run, head))
+    by_seq = {r.seq: r.event for r in events}
+    died_at = ledger.view.shards[victim].since_seq  # the event that made it DEAD
+    assert by_seq[died_at].type == "actor_death_confirmed" and by_seq[died_at].shard == victim
+    aborted = [r for r in events if r.event.type == "refit_aborted"]
+    assert len(aborted) == 1, [a.event.reason for a in aborted]
+    (abort,) = aborted
+    assert died_at < abort.seq  # recorded first, then the abort it caused
+    assert f"shard {victim} was recorded DEAD at seq {died_at}" in abort.event.reason
+    assert "not waiting out" in abort.event.reason
+    types = [r.event.type for r in events if r.seq > abort.seq]
+    assert "weights_marked_partial" in types
+    assert types.index("weights_marked_partial") < types.index("refit_started")
+    assert types[-1] == "refit_completed"
+    assert "silent_participant_condemned" not in types  # the dead one is absent: no guess
+
+
+def test_a_kill_mid_push_at_the_default_timeout_aborts_as_soon_as_the_death_is_recorded(
+    ray_cluster, ledger
+):
+    """refit_timeout_s=300 (the default): the probe pump records the death, the waiting
+    coordinator sees it, aborts the communicator (releasing the parked survivors) and
+    recovers; the next refit succeeds without the shard."""
+    fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s)
+    stop = threading.Event()
+    try:
+        coordinator = RefitCoordinator(
+            ledger,
+            fleet.sync,
+            fleet.prober(),
+            refit_timeout_s=DEFAULTS.refit_timeout_s,
+            grace_s=DEFAULTS.grace_s,
+            probe_timeout_s=1.0,
+        )
+        fleet.sync.reconcile(ledger.view.absent)
+        expected = fleet.step(1)
+        head = ledger.log.head(ledger.run)
+        _pump(fleet, ledger, stop)
+        with ThreadPoolExecutor(1) as pool:
+            refit = _kill_mid_push(fleet, coordinator, pool, victim=1, version=1)
+            outcome = refit.result(timeout=HANG_GUARD_S)
+        assert outcome.recovered and outcome.participants == (0, 2)
+        assert outcome.condemned is None
+        _assert_aborted_on_the_recorded_death(ledger, head, victim=1)
+        assert ledger.view.state_of(1) is ShardState.DEAD
+        assert fleet.sync.built_layout == ledger.view.layout()
+        assert _checksums(fleet, (0, 2)) == {expected}
+        # The survivors' collectives in the old group were released, not left parked.
+        assert fleet.in_flight((0, 2)) == {"trainer 0": 0, "shard 0": 0, "shard 2": 0}
+        # And the fleet carries on: the next step's refit over the smaller world.
+        expected = fleet.step(2)
+        assert coordinator.refit(2).participants == (0, 2)
+        assert _checksums(fleet, (0, 2)) == {expected}
+    finally:
+        stop.set()
+        fleet.close()
+
+
+def test_an_unbounded_refit_is_aborted_by_a_death_another_writer_records(
+    ray_cluster, ledger, sqlite_url
+):
+    """refit_timeout_s=None, configured explicitly, is unbounded (no TypeError) — and
+    still abortable: a rollout in another process records the death in the same log."""
+    fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=None)
+    try:
+        coordinator = RefitCoordinator(
+            ledger,
+            fleet.sync,
+            fleet.prober(),
+            refit_timeout_s=None,
+            grace_s=DEFAULTS.grace_s,
+            probe_timeout_s=1.0,
+        )
+        fleet.step(1)
+        assert coordinator.refit(1).participants == (0, 1, 2)  # unbounded, and it works
+        assert fleet.sync.settle_s is None  # the settle window follows: unbounded too
+        expected = fleet.step(2)
+        head = ledger.log.head(ledger.run)
+        with EventLog.open(sqlite_url) as other_log, ThreadPoolExecutor(1) as pool:
+            rollout = Ledger.resume(other_log, ledger.run)  # another writer of the run
+            refit = _kill_mid_push(fleet, coordinator, pool, victim=1, version=2)
+            rollout.actor_died(1, "ActorDiedError: the actor died unexpectedly (a rollout)")
+            outcome = refit.result(timeout=HANG_GUARD_S)
+        assert outcome.recovered and outcome.participants == (0, 2)
+        _assert_aborted_on_the_recorded_death(ledger, head, victim=1)
+        assert _checksums(fleet, (0, 2)) == {expected}
+    finally:
+        fleet.close()
+
+
+# ── a deterministic failure ends the run with it: no probe, no condemnation ───────
+
+
+def test_a_value_error_from_the_transport_with_one_suspect_ends_the_run_with_it(
+    ray_cluster, ledger
+):
+    """Shard 1's member raises a ValueError in the push (a bug); shard 0 is SUSPECT.
+    Recovering would probe and condemn (or refuse over) the suspect for a bug that is
+    nobody's; the refit fails with the error instead, and the other members are
+    released at once instead of waiting out the settle window (the default 300 s)."""
+    fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s, faulty=1)
+    try:
+        coordinator = _default_coordinator(fleet, ledger)
+        fleet.step(1)
+        coordinator.refit(1)
+        ledger.record_probes({0: ProbeResult("timeout", "no answer within 1s")})
+        assert ledger.view.suspected == (0,)
+        ray.get(fleet.workers[1].arm_fault.remote("tensor 'layer0.weight': shape (4,) ≠ (8,)"))
+        fleet.step(2)
+        head = ledger.log.head(ledger.run)
+        with ThreadPoolExecutor(1) as pool:
+            refit = pool.submit(coordinator.refit, 2)
+            with pytest.raises(RunFailed) as failed:
+                refit.result(timeout=HANG_GUARD_S)
+        # The run ends with the error, its cause chained: RefitFailed, then the member's.
+        transport_error = failed.value.__cause__
+        assert isinstance(transport_error, RefitFailed)
+        assert transport_error.failure_kind is RefitFailureKind.DETERMINISTIC
+        assert transport_error.errors[Party.shard(1)].startswith("ValueError: tensor")
+        assert any(isinstance(link, ValueError) for link in cause_chain(failed.value))
+        assert "failed deterministically" in str(failed.value)
+        # Recorded: the abort with the error, and the end. Nothing probed, marked partial,
+        # condemned or retried.
+        events = [r.event for r in ledger.log.read(ledger.run, head)]
+        assert [e.type for e in events] == ["refit_started", "refit_aborted", "run_ended"]
+        assert "ValueError: tensor 'layer0.weight'" in events[1].reason
+        assert not events[1].context_lost
+        assert events[2].outcome == "failed" and "ValueError: tensor" in events[2].cause
+        assert ledger.view.state_of(0) is ShardState.SUSPECT  # not condemned
+        assert fleet.in_flight((0, 2)) == {"trainer 0": 0, "shard 0": 0, "shard 2": 0}
+    finally:
+        fleet.close()
+
+
+def _default_coordinator(fleet: Fleet, ledger: Ledger) -> RefitCoordinator:
+    return RefitCoordinator(
+        ledger,
+        fleet.sync,
+        fleet.prober(),
+        refit_timeout_s=DEFAULTS.refit_timeout_s,
+        grace_s=DEFAULTS.grace_s,
+        probe_timeout_s=1.0,
+    )
+
+
+class _Raises(WeightSynchronizer):
+    """A transport whose push raises ``failure`` (once), then succeeds."""
+
+    def __init__(self, failure: BaseException) -> None:
+        super().__init__()
+        self.failures = [failure]
+        self.aborts = 0
+
+    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
+        return ReconcileOutcome.NOT_APPLICABLE
+
+    def push(self, version) -> PushReport:
+        if self.failures:
+            raise self.failures.pop()
+        return PushReport(version, 1, 0, "", 0.0)
+
+    def abort(self) -> None:
+        self.aborts += 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ValueError("shape mismatch: layer0.weight (4,) ≠ (8,)"),
+        RefitFailed("verify", errors={Party.shard(2): "rank 3: checksum 1a2b ≠ root 3c4d"}),
+        RefitFailed("push", errors={Party.shard(1): "KeyError: 'layer9'"}),
+    ],
+    ids=["value-error", "checksum", "errors-only"],
+)
+def test_a_deterministic_failure_with_a_lone_suspect_condemns_nobody(ledger, failure):
+    ledger.record_probes({0: ProbeResult("timeout", "no answer within 0.5s")})
+    probes: list = []
+
+    class Prober:
+        def probe(self, shards, timeout_s):
+            probes.append(shards)
+            return {s: ProbeResult.ok() for s in shards}
+
+    transport = _Raises(failure)
+    coordinator = RefitCoordinator(
+        ledger, transport, Prober(), refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
+    )
+    with pytest.raises(RunFailed) as failed:
+        coordinator.refit(1)
+    assert failed.value.__cause__ is failure
+    assert probes == [] and coordinator.recoveries == 0
+    types = _types_since(ledger, 1)
+    assert "silent_participant_condemned" not in types
+    assert "condemnation_refused" not in types and "weights_marked_partial" not in types
+    assert types[-3:] == ["refit_started", "refit_aborted", "run_ended"]
+    assert ledger.view.state_of(0) is ShardState.SUSPECT
+    assert transport.aborts == 1  # members parked in it are released on the way out
+    assert str(failure) in ledger.view.ended.cause
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RefitFailed(
+            "push", errors={Party.shard(0): "CollectiveAborted"}, kind=RefitFailureKind.ABORTED
+        ),
+        RefitFailed("push", silent={Party.shard(0): "no answer within 3s"}),
+        TimeoutError("the trainer's push task timed out"),
+    ],
+    ids=["aborted", "silent", "timeout"],
+)
+def test_a_timeout_or_an_abort_with_a_lone_suspect_still_condemns_it(ledger, failure):
+    ledger.record_probes({0: ProbeResult("timeout", "no answer within 0.5s")})
+    coordinator = RefitCoordinator(
+        ledger,
+        _Raises(failure),
+        _Answers(_FROZEN),
+        refit_timeout_s=1.0,
+        grace_s=1.0,
+        probe_timeout_s=0.5,
+    )
+    outcome = coordinator.refit(1)
+    assert outcome.recovered and outcome.condemned == 0 and outcome.participants == (1, 2)

@@ -55,6 +55,7 @@ from fleetledger.projections.history import (
 )
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
+from fleetledger.projections.snapshot import PROJECTION_VERSION
 from tests.cli_support import invoke, run_cli, run_with_a_terminal
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -594,8 +595,8 @@ def test_membership_at_seq_or_time_equals_a_fresh_fold(sqlite_url: str) -> None:
     times = stored_times(sqlite_url, "wander")
     with EventLog.open(sqlite_url) as log:
         # Several snapshots sit inside the run, so most answers start from one.
-        assert log.load_snapshot("wander", 1, head) is not None
-        assert log.load_snapshot("wander", 1, 10) is not None
+        assert log.load_snapshot("wander", PROJECTION_VERSION, head) is not None
+        assert log.load_snapshot("wander", PROJECTION_VERSION, 10) is not None
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(

@@ -242,7 +242,14 @@ class RefitConfig(_Section):
     rank otherwise blocks forever while every process looks healthy, and that wedge is
     what this project exists to remove. 300 s fits a push of a large model over a slow
     fabric and stays inside the default stall timeout with its grace (360 < 600); size it
-    for the model. ``None`` keeps a refit unbounded, explicitly."""
+    for the model. ``None`` keeps a refit unbounded, explicitly: the coordinator waits for
+    the push without a bound, the collectives' op timeout and the transport's settle
+    window (which follow this timeout) are unbounded too.
+
+    The bound is the last resort, not the usual way out: a push is aborted as soon as the
+    ledger records one of its participants dead (the refit coordinator watches it while
+    it waits), bounded or not — so a SIGKILL mid-push costs the time to record the death,
+    not ``refit_timeout_s``."""
 
     PREFIX: ClassVar[str] = "refit."
 

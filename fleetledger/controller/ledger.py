@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import structlog
@@ -57,14 +57,16 @@ _log = structlog.get_logger("fleetledger.ledger")
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What one probe of one shard returned."""
+    """What one probe of one shard returned; ``incarnation``: of the handle it went
+    through (``None``: not known), so a result about a replaced actor can be dropped."""
 
     kind: Literal["ok", "timeout", "error", "died"]
     error: str = ""
+    incarnation: int | None = field(default=None, compare=False)
 
     @classmethod
-    def ok(cls) -> ProbeResult:
-        return cls("ok")
+    def ok(cls, incarnation: int | None = None) -> ProbeResult:
+        return cls("ok", incarnation=incarnation)
 
     def as_event(self, shard: int) -> Event:
         if self.kind == "ok":
@@ -84,7 +86,8 @@ class Membership:
     """
 
     seq: int
-    epoch: int
+    epoch: int  # moves with the serving set: what a router or selector compares
+    absent_generation: int  # moves with the absent set (the rank layout): what transports compare
     serving: tuple[int, ...]
     absent: tuple[int, ...]
     suspected: tuple[int, ...]
@@ -98,6 +101,7 @@ class Membership:
         return cls(
             seq=view.seq,
             epoch=view.epoch,
+            absent_generation=view.absent_generation,
             serving=view.serving,
             absent=view.absent,
             suspected=view.suspected,
@@ -236,13 +240,54 @@ class Ledger:
     # ── reports ─────────────────────────────────────────────────────────────
 
     def record_probes(self, results: Mapping[int, ProbeResult]) -> list[Transition]:
-        """A whole probe round, as one batch, in shard order."""
-        return self.record([results[shard].as_event(shard) for shard in sorted(results)])
+        """A whole probe round, as one batch, in shard order; a result obtained through a
+        replaced actor's handle (an older incarnation) is dropped, with a log line."""
+        with self._lock:
+            if any(r.incarnation is not None for r in results.values()):
+                self.catch_up()  # a restart recorded elsewhere moves the incarnation too
+            fresh = {
+                shard: result
+                for shard, result in results.items()
+                if not self._stale(shard, result.incarnation, f"probe {result.kind}")
+            }
+            if not fresh:
+                return []
+            return self.record([fresh[shard].as_event(shard) for shard in sorted(fresh)])
 
-    def actor_died(self, shard: int, error: str) -> list[Transition]:
+    def actor_died(
+        self, shard: int, error: str, *, incarnation: int | None = None
+    ) -> list[Transition]:
         """The runtime said the shard's process is gone (seen outside a probe, e.g. by a
-        rollout whose call raised ``ActorDiedError``): conclusive, no counting."""
-        return self.record([ActorDeathConfirmed(shard=shard, error=clip_text(error))])
+        rollout whose call raised ``ActorDiedError``): conclusive, no counting.
+
+        ``incarnation``: of the handle the death was seen through
+        (``ray_fleet.actor_death_of(exc).incarnation``). One older than the shard's
+        restart count is a replaced actor's death: it is not about the replacement, so
+        it is dropped (logged, nothing recorded). ``None`` records it unchecked.
+        """
+        with self._lock:
+            if incarnation is not None:
+                self.catch_up()  # a restart recorded elsewhere moves the incarnation too
+            if self._stale(shard, incarnation, "actor death"):
+                return []
+            return self.record([ActorDeathConfirmed(shard=shard, error=clip_text(error))])
+
+    def _stale(self, shard: int, incarnation: int | None, what: str) -> bool:
+        """True when ``incarnation`` predates the shard's last recorded restart."""
+        if incarnation is None or not 0 <= shard < len(self._view.shards):
+            return False  # unknown: recorded as before; out of range: the log refuses it
+        current = self._view.shards[shard].restart_attempts
+        if incarnation >= current:
+            return False
+        _log.warning(
+            "stale report dropped: seen through a replaced actor",
+            run=self.run,
+            shard=shard,
+            report=what,
+            incarnation=incarnation,
+            current_incarnation=current,
+        )
+        return True
 
     def report_outcomes(self, adapter: str, outcomes: Iterable[ShardOutcomes]) -> list[Transition]:
         """One adapter's window: successes and failures per shard, handed over together."""

@@ -78,6 +78,12 @@ class FleetMetrics(Collector):
         yield per_state
 
         yield _gauge("fleetledger_membership_epoch", "Membership epoch", run, m.epoch)
+        yield _gauge(
+            "fleetledger_absent_generation",
+            "Generation of the absent set: moves when the refit rank layout changes",
+            run,
+            m.absent_generation,
+        )
         yield _gauge("fleetledger_serving_shards", "Shards serving", run, len(m.serving))
         yield _gauge("fleetledger_ledger_seq", "Last seq folded into the live view", run, m.seq)
 

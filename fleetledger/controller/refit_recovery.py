@@ -6,11 +6,21 @@ when it fails the controller finds out who is gone before it rebuilds — probe 
 partial, condemn a lone suspect, rebuild, retry once:
 
 1. reconcile the communicator with the ledger's absent set (not forced);
-2. ``refit_started``; push within ``refit_timeout_s + grace_s`` on a daemon thread (a
-   thread parked on a frozen actor must not hold up interpreter exit);
-3. on failure, inside the watchdog's recovery window (the serving set is empty on
-   purpose for a moment, and exhaustion must not end the run for that):
-   - a lost device context ends the run at once, with that cause: no rebuild can work;
+2. ``refit_started``; push within ``refit_timeout_s + 2 × grace_s`` on a daemon thread (a
+   thread parked on a frozen actor must not hold up interpreter exit; ``None``: no
+   bound). While it waits, the coordinator folds the ledger's tail every
+   ``watch_interval_s``: as soon as any writer — the probe pump, a rollout that saw the
+   actor die, another process — records a participant of this refit DEAD (or absent at
+   all), it aborts the communicator and recovers, the abort's reason naming the shard
+   and the seq of its death. Waiting out the bound instead cost the whole refit timeout
+   (5 minutes by default) per SIGKILL: gloo survivors see no error when a peer dies;
+3. on failure, the decision ``decide_refit_failure`` over the failure's kind: only a
+   timeout, a lost peer or an abort is recovered. A deterministic failure (a mismatch, a
+   bug) and a lost device context record ``refit_aborted`` with the error and end the
+   run with it — no probe, no condemnation, no retry: the same push would fail again,
+   and probing would pin the bug on whichever shard happened to be suspect. Otherwise,
+   inside the watchdog's recovery window (the serving set is empty on purpose for a
+   moment, and exhaustion must not end the run for that):
    - ``refit_aborted``; probe every participant now and record the round (a conclusive
      death is recorded; a party the transport saw die is recorded as a death too);
    - ``weights_marked_partial``: every serving shard holds a half-written version;
@@ -24,33 +34,55 @@ partial, condemn a lone suspect, rebuild, retry once:
 
 The transport is a :class:`~fleetledger.weight_sync.WeightSynchronizer`; its failure is
 a :class:`~fleetledger.weight_sync.RefitFailed` with typed parties (dead, silent,
-failed) and ``context_lost``. The controller does not import the transports: the
+failed), ``context_lost`` and its ``kind``. The controller does not import the transports: the
 composition root hands one in.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import NoReturn
 
 import structlog
 
-from fleetledger.controller.failure_taxonomy import cause_chain
+from fleetledger.controller.failure_taxonomy import FailureKind, cause_chain, classify_exception
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import Prober
 from fleetledger.errors import FleetledgerError
+from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import clip_text
-from fleetledger.projections.decisions import CondemnationVerdict, decide_condemnation
-from fleetledger.weight_sync import Party, PushReport, RefitFailed, WeightSynchronizer
+from fleetledger.projections.decisions import (
+    CondemnationVerdict,
+    decide_condemnation,
+    decide_refit_failure,
+)
+from fleetledger.weight_sync import (
+    Party,
+    PushReport,
+    RefitFailed,
+    RefitFailureKind,
+    WeightSynchronizer,
+)
 
-__all__ = ["RefitCoordinator", "RefitOutcome", "RefitTimedOut", "RunFailed"]
+__all__ = [
+    "DEFAULT_WATCH_INTERVAL_S",
+    "RefitCoordinator",
+    "RefitOutcome",
+    "RefitTimedOut",
+    "RunFailed",
+    "failure_kind_of",
+]
 
 _log = structlog.get_logger("fleetledger.refit")
 
-# How far down a cause chain to look: past the RPC layers, never round a cycle for ever.
+DEFAULT_WATCH_INTERVAL_S = 0.25
+"""How often a waiting push folds the ledger's tail for a participant's recorded death:
+one indexed read per interval, and a death costs at most this much on top of the time it
+took to be recorded."""
 
 
 class RunFailed(FleetledgerError, RuntimeError):
@@ -82,6 +114,26 @@ def _refit_failed(failure: BaseException) -> RefitFailed:
     return failure if isinstance(failure, RefitFailed) else RefitFailed("refit")
 
 
+def failure_kind_of(failure: BaseException) -> RefitFailureKind:
+    """The kind of a failed refit, from its typed facts: the transport's
+    ``RefitFailed`` along the cause chain (a Ray task error's remote cause included), our
+    own bound's expiry, else the failure taxonomy — the runtime's actor errors and
+    connection errors are a lost peer, timeouts a timeout, and everything else (a
+    ``ValueError``, an error nobody recognised) deterministic: it fails loudly."""
+    chain = cause_chain(failure)
+    for link in chain:
+        if isinstance(link, RefitFailed):
+            return link.failure_kind
+        if isinstance(link, RefitTimedOut):
+            return RefitFailureKind.TIMED_OUT
+    verdict = classify_exception(failure)
+    if verdict.kind is not FailureKind.INFRA:
+        return RefitFailureKind.DETERMINISTIC
+    if verdict.reason == "timeout" or any(isinstance(link, TimeoutError) for link in chain):
+        return RefitFailureKind.TIMED_OUT
+    return RefitFailureKind.PEER_LOST
+
+
 class RefitCoordinator:
     """Runs refits for one run against one transport; recovers a failed one once."""
 
@@ -91,13 +143,20 @@ class RefitCoordinator:
         sync: WeightSynchronizer,
         prober: Prober,
         *,
-        refit_timeout_s: float,
+        refit_timeout_s: float | None,
         grace_s: float,
         probe_timeout_s: float,
         recovering: Callable[[], AbstractContextManager[None]] | None = None,
+        watch_interval_s: float | None = DEFAULT_WATCH_INTERVAL_S,
     ) -> None:
-        if refit_timeout_s <= 0:
-            raise ValueError(f"refit_timeout_s must be > 0, got {refit_timeout_s}")
+        """``refit_timeout_s=None``: a push is waited for without a bound (still aborted
+        by a recorded death). ``watch_interval_s``: how often a waiting push looks for a
+        participant's recorded death; ``None`` turns the watch off (the push is then
+        waited for until it fails or the bound expires — what the bench compares)."""
+        if refit_timeout_s is not None and refit_timeout_s <= 0:
+            raise ValueError(f"refit_timeout_s must be > 0 or None, got {refit_timeout_s}")
+        if watch_interval_s is not None and watch_interval_s <= 0:
+            raise ValueError(f"watch_interval_s must be > 0 or None, got {watch_interval_s}")
         if not isinstance(sync, WeightSynchronizer):
             # The contract is a type, read by attribute, never guessed at by name.
             raise TypeError(
@@ -111,6 +170,7 @@ class RefitCoordinator:
         self.refit_timeout_s = refit_timeout_s
         self.grace_s = grace_s
         self.probe_timeout_s = probe_timeout_s
+        self.watch_interval_s = watch_interval_s
         self._recovering = recovering
         self.recoveries = 0
 
@@ -127,7 +187,7 @@ class RefitCoordinator:
         self.ledger.refit_started(version, participants)
         try:
             self._reconcile(absent, force=False)
-            report = self._push_within(version)
+            report = self._push_within(version, participants)
         except RunFailed:
             raise
         except Exception as failure:  # a failed build is a failed refit too
@@ -154,13 +214,16 @@ class RefitCoordinator:
                     f"absent {sorted(absent)} is {expected.as_dict()}"
                 )
 
-    def _push_within(self, version: int) -> PushReport:
-        """``sync.push`` on a daemon thread, waited for at most timeout + 2 × grace.
+    def _push_within(self, version: int, participants: Sequence[int]) -> PushReport:
+        """``sync.push`` on a daemon thread, waited for at most timeout + 2 × grace, and
+        abandoned as soon as the ledger records one of ``participants`` absent.
 
         A transport bounds its own waits by timeout + grace; the second grace lets its
-        error, which names who failed, arrive before our "it never came back".
+        error, which names who failed, arrive before our "it never came back". Abandoning
+        the thread is safe: the communicator is aborted first (which releases every
+        member's parked collective), and the recovery rebuilds on fresh ones.
         """
-        bound = self.refit_timeout_s + 2 * self.grace_s
+        bound = None if self.refit_timeout_s is None else self.refit_timeout_s + 2 * self.grace_s
         report: list[PushReport] = []
         error: list[BaseException] = []
 
@@ -172,7 +235,22 @@ class RefitCoordinator:
 
         thread = threading.Thread(target=run, name=f"refit-v{version}", daemon=True)
         thread.start()
-        thread.join(bound)
+        deadline = None if bound is None else time.monotonic() + bound
+        while True:
+            wait = self.watch_interval_s
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wait = left if wait is None else min(wait, left)
+            thread.join(wait)
+            if not thread.is_alive():
+                break
+            if self.watch_interval_s is None:
+                continue  # the watch is off: only the bound ends the wait
+            lost = self._recorded_absent(participants)
+            if lost is not None:
+                raise self._abort_push(version, *lost)
         if thread.is_alive():
             raise RefitTimedOut(
                 f"refit v{version} did not come back within refit_timeout_s + 2 × grace_s "
@@ -182,15 +260,72 @@ class RefitCoordinator:
             raise error[0]
         return report[0]
 
+    def _recorded_absent(self, participants: Sequence[int]) -> tuple[int, int, str] | None:
+        """(shard, seq, what) of the first participant the ledger now holds absent, after
+        folding whatever any writer recorded meanwhile; ``None``: all present (or the
+        ledger could not be read this time — the push is still bounded)."""
+        with self.ledger.lock:
+            try:
+                self.ledger.catch_up()
+            except LedgerError as exc:
+                _log.warning("refit watch: ledger not read", run=self.ledger.run, problem=str(exc))
+                return None
+            shards = self.ledger.view.shards
+            for shard in participants:
+                record = shards[shard]
+                if record.absent:
+                    what = f"{record.state.value} at seq {record.since_seq} ({record.since_rule})"
+                    return shard, record.since_seq, what
+        return None
+
+    def _abort_push(self, version: int, shard: int, seq: int, what: str) -> RefitFailed:
+        """Abort the communicator under a push whose participant was recorded absent; the
+        failure the recovery gets names the shard and the seq of its death."""
+        limit = (
+            "refit_timeout_s=None (unbounded)"
+            if self.refit_timeout_s is None
+            else f"refit_timeout_s={self.refit_timeout_s:g}"
+        )
+        detail = (
+            f"aborted: participant shard {shard} was recorded {what} while refit v{version} "
+            f"was in flight; not waiting out {limit}"
+        )
+        _log.warning(
+            "refit aborted: a participant was recorded absent",
+            run=self.ledger.run,
+            version=version,
+            shard=shard,
+            seq=seq,
+        )
+        try:
+            self.sync.abort()  # releases the survivors parked in the collective
+        except Exception as exc:  # the recovery aborts again, and fails the run if it must
+            detail += f" (aborting the communicator failed: {type(exc).__name__}: {exc})"
+        return RefitFailed("push", detail=detail, kind=RefitFailureKind.ABORTED)
+
     # ── recovery ────────────────────────────────────────────────────────────
 
     def _recover(
         self, version: int, absent_before: frozenset[int], failure: BaseException
     ) -> RefitOutcome:
-        self.recoveries += 1
         reason = clip_text(f"{type(failure).__name__}: {failure}")
+        with self.ledger.lock:
+            decision = decide_refit_failure(
+                self.ledger.view,
+                version=version,
+                kind=failure_kind_of(failure),
+                context_lost=_context_lost(failure),
+                failure=reason,
+            )
+        if not decision.recover:
+            self._end_with(version, reason, decision.reason, decision.context_lost, failure)
+        self.recoveries += 1
         _log.warning(
-            "refit failed; recovering", run=self.ledger.run, version=version, reason=reason
+            "refit failed; recovering",
+            run=self.ledger.run,
+            version=version,
+            kind=decision.kind.value,
+            reason=reason,
         )
         with self._recovering() if self._recovering else nullcontext():
             try:
@@ -200,7 +335,8 @@ class RefitCoordinator:
             except Exception as exc:  # whatever broke mid-recovery, the run ends with it
                 self._fail(
                     f"refit v{version} could not be recovered ({reason}): the recovery "
-                    f"failed: {type(exc).__name__}: {exc}"
+                    f"failed: {type(exc).__name__}: {exc}",
+                    exc,
                 )
 
     def _recover_steps(
@@ -210,9 +346,6 @@ class RefitCoordinator:
         failure: BaseException,
         reason: str,
     ) -> RefitOutcome:
-        if _context_lost(failure):
-            self.ledger.refit_aborted(version, reason, context_lost=True)
-            self._fail(f"refit v{version}: the trainer's device context is lost: {reason}")
         self.ledger.refit_aborted(version, reason)
         failed = _refit_failed(failure)
         if failed.dead_trainers:
@@ -234,17 +367,16 @@ class RefitCoordinator:
         try:
             self._reconcile(absent, force=True)
         except Exception as exc:
-            self._fail(f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}")
+            self._fail(
+                f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}", exc
+            )
         self.ledger.refit_started(version, participants)
         try:
-            report = self._push_within(version)
+            report = self._push_within(version, participants)
         except Exception as second:
-            self.ledger.refit_aborted(
-                version, clip_text(f"retry: {type(second).__name__}: {second}")
-            )
-            self._fail(
-                f"refit v{version} failed again after recovery: {type(second).__name__}: {second}"
-            )
+            again = f"{type(second).__name__}: {second}"
+            self.ledger.refit_aborted(version, clip_text(f"retry: {again}"))
+            self._fail(f"refit v{version} failed again after recovery: {again}", second)
         self.ledger.refit_completed(version, participants)
         return RefitOutcome(version, participants, recovered=True, condemned=condemned, push=report)
 
@@ -271,6 +403,26 @@ class RefitCoordinator:
         self.ledger.refuse_condemnation(decision.suspected, decision.reason)
         self._fail(decision.end_cause)
 
-    def _fail(self, cause: str) -> NoReturn:
+    def _end_with(
+        self,
+        version: int,
+        reason: str,
+        cause: str,
+        context_lost: bool,
+        failure: BaseException,
+    ) -> NoReturn:
+        """A failure that is not recovered: ``refit_aborted`` with the error, and the end
+        of the run with it. A deterministic failure's communicator is aborted on the way
+        (best effort: members parked in it are released; the run ends either way); a lost
+        context's is left alone — no call into a broken device context helps."""
+        self.ledger.refit_aborted(version, reason, context_lost=context_lost)
+        if not context_lost:
+            try:
+                self.sync.abort()
+            except Exception as exc:
+                _log.warning("communicator not aborted", run=self.ledger.run, problem=str(exc))
+        self._fail(cause, failure)
+
+    def _fail(self, cause: str, failure: BaseException | None = None) -> NoReturn:
         self.ledger.end_run_if_open("failed", cause)
-        raise RunFailed(cause)
+        raise RunFailed(cause) from failure

@@ -20,6 +20,15 @@ Rules of this file:
   any other state, or an ended run, leaves nothing to do.
 - **Exhaustion.** Fewer than ``min_healthy_shards`` serving: the run should stop, with
   the counts per state as its cause.
+- **A failed refit: recover or fail.** Only a failure the fleet can cause — a bound
+  that expired (ours or the transport's), a peer lost (a dead or silent party, the
+  runtime's actor error), an aborted communicator (a death recorded mid-push) — enters
+  the recovery that probes, may condemn a lone suspect, rebuilds and retries. A
+  deterministic failure (a shape or checksum mismatch, a bug: the same push would fail
+  the same way) and a lost device context end the run with that error: probing then
+  would turn a bug into the condemnation of whichever shard happened to be suspect.
+  When the parties of one failure disagree, deterministic wins (the others' timeouts
+  are its consequence), then a lost peer, then a timeout, then an abort.
 - No I/O, no clock, no randomness: a decision is a function of the view and its inputs.
 """
 
@@ -49,11 +58,16 @@ __all__ = [
     "Exhaustion",
     "ExhaustionDecision",
     "ExhaustionVerdict",
+    "RefitFailureDecision",
+    "RefitFailureKind",
+    "RefitFailureVerdict",
     "RestartDecision",
     "RestartVerdict",
     "decide_condemnation",
     "decide_exhaustion",
+    "decide_refit_failure",
     "decide_restart",
+    "refit_failure_kind",
 ]
 
 
@@ -72,6 +86,24 @@ class RestartVerdict(StrEnum):
 class ExhaustionVerdict(StrEnum):
     EXHAUSTED = "exhausted"
     ENOUGH = "enough"
+
+
+class RefitFailureVerdict(StrEnum):
+    RECOVER = "recover"
+    FAIL = "fail"
+
+
+class RefitFailureKind(StrEnum):
+    """What a failed refit says about its cause: the typed fact the verdict reads.
+
+    Defined here, not in ``weight_sync``, because the decision reads it and projections
+    import nothing above ``events``; ``weight_sync.RefitFailed`` carries it.
+    """
+
+    TIMED_OUT = "timed out"  # a bound expired: someone hung (frozen, or very slow)
+    PEER_LOST = "peer lost"  # a party died, or its connection did
+    ABORTED = "aborted"  # the communicator was aborted under the push (a recorded death)
+    DETERMINISTIC = "deterministic"  # the same push fails the same way: a mismatch, a bug
 
 
 V = TypeVar("V", bound=StrEnum)
@@ -282,3 +314,76 @@ def decide_exhaustion(view: FleetView) -> ExhaustionDecision:
         f"{facts.serving} shards serve, not below min_healthy_shards={facts.min_healthy_shards}"
     )
     return ExhaustionDecision(ExhaustionVerdict.ENOUGH, reason, evidence, facts)
+
+
+# ── a failed refit: recover or fail ────────────────────────────────────────────────
+
+# Which kind speaks for a failure whose parties saw different things (first wins).
+_KIND_PRECEDENCE = (
+    RefitFailureKind.DETERMINISTIC,
+    RefitFailureKind.PEER_LOST,
+    RefitFailureKind.TIMED_OUT,
+    RefitFailureKind.ABORTED,
+)
+
+_RECOVERABLE = frozenset(
+    {RefitFailureKind.TIMED_OUT, RefitFailureKind.PEER_LOST, RefitFailureKind.ABORTED}
+)
+
+_REFIT_FAILURE_REASONS: dict[RefitFailureKind | None, str] = {
+    # None: the context is lost, whatever the kind (no rebuild can work on it).
+    None: "refit v{version}: the trainer's device context is lost: {failure}",
+    RefitFailureKind.DETERMINISTIC: (
+        "refit v{version} failed deterministically, so it is not retried and no shard is "
+        "condemned for it: {failure}"
+    ),
+    RefitFailureKind.TIMED_OUT: "refit v{version} timed out; recovering: {failure}",
+    RefitFailureKind.PEER_LOST: "refit v{version} lost a peer; recovering: {failure}",
+    RefitFailureKind.ABORTED: "refit v{version} was aborted; recovering: {failure}",
+}
+
+
+def refit_failure_kind(kinds: Iterable[RefitFailureKind]) -> RefitFailureKind | None:
+    """The kind that speaks for one failure seen differently by its parties (``None``:
+    no party failed). Deterministic first: a party that raised a bug leaves the others
+    waiting in the collective, and their timeouts must not make the bug look like a
+    hang worth condemning somebody for."""
+    seen = set(kinds)
+    return next((kind for kind in _KIND_PRECEDENCE if kind in seen), None)
+
+
+@dataclass(frozen=True, slots=True)
+class RefitFailureDecision(Decision[RefitFailureVerdict]):
+    """``kind`` and ``context_lost``: the facts the verdict was taken on."""
+
+    kind: RefitFailureKind
+    context_lost: bool
+
+    @property
+    def recover(self) -> bool:
+        return self.verdict is RefitFailureVerdict.RECOVER
+
+
+def decide_refit_failure(
+    view: FleetView,
+    *,
+    version: int,
+    kind: RefitFailureKind,
+    context_lost: bool,
+    failure: str,
+) -> RefitFailureDecision:
+    """Whether refit ``version``, failed as ``kind``, enters the recovery or ends the run.
+
+    ``failure``: the failure, quoted (the reason and the run's cause quote it). Evidence:
+    the refit that failed (its ``refit_started``), when one is open.
+    """
+    recover = kind in _RECOVERABLE and not context_lost
+    template = _REFIT_FAILURE_REASONS[None if context_lost else kind]
+    evidence = () if view.open_refit is None else (view.open_refit.seq,)
+    return RefitFailureDecision(
+        verdict=RefitFailureVerdict.RECOVER if recover else RefitFailureVerdict.FAIL,
+        reason=clip_text(template.format(version=version, failure=failure)),
+        evidence=evidence,
+        kind=kind,
+        context_lost=context_lost,
+    )

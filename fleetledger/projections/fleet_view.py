@@ -2,9 +2,16 @@
 
 ``FleetView`` turns each event into per-shard signals (see ``shard_states``), applies
 them, and keeps what the run-level events say (open refit, last abort, stalls,
-exhaustion, the end). The membership epoch advances once per event that changes the
-serving set — HEALTHY↔SUSPECT and DEAD→RESTARTING→STALE leave it alone — so consumers
-compare one integer.
+exhaustion, the end). Two integers, one per set a consumer acts on, so each compares one:
+
+- the membership **epoch** advances once per event that changes the serving set —
+  HEALTHY↔SUSPECT and DEAD→RESTARTING→STALE leave it alone — for the router and the
+  selector;
+- the **absent generation** advances once per event that changes the absent set, and so
+  the refit communicator's rank layout — for the transports. They differ where it
+  matters: a restarted shard re-admitted (RESTARTING→STALE) leaves the serving set, and
+  the epoch, unchanged while the layout grows back; STALE→HEALTHY moves the epoch, not
+  the layout.
 
 Within an adapter's outcome window every success is applied before any failure: a
 healthy shard with rare blips would otherwise be condemned eventually.
@@ -106,6 +113,8 @@ class FleetView:
     at_us: int = 0
     epoch: int = 0
     last_serving: frozenset[int] = frozenset()
+    absent_generation: int = 0
+    last_absent: frozenset[int] = frozenset()
     open_refit: OpenRefit | None = None
     last_refit_seq: int | None = None
     weight_version: int = 0  # the trainer's version at the last completed refit
@@ -210,6 +219,10 @@ class FleetView:
             if serving != self.last_serving:
                 self.last_serving = serving
                 self.epoch += 1
+            absent = frozenset(self.absent)
+            if absent != self.last_absent:
+                self.last_absent = absent
+                self.absent_generation += 1
         return transitions
 
     def _check_shards(self, seq: int, event: Event, shards: Iterable[int]) -> None:

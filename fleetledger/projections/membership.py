@@ -1,7 +1,8 @@
 """The membership document: what ``fleetledger membership --json`` prints.
 
-Stable keys, documented in ``docs/events.md``; consumers (routers, transports, people)
-compare ``epoch`` first and read the rest only when it moved.
+Stable keys, documented in ``docs/events.md``; each consumer compares one integer and
+reads the rest only when it moved: a router or selector ``epoch`` (the serving set), a
+transport ``absent_generation`` (the absent set, hence the rank layout).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def membership_document(view: FleetView) -> dict[str, Any]:
         "seq": view.seq,
         "at": iso_at(view.at_us),
         "epoch": view.epoch,
+        "absent_generation": view.absent_generation,
         "serving": list(view.serving),
         "absent": list(view.absent),
         "suspected": list(view.suspected),

@@ -2,7 +2,12 @@
 
 ``PROJECTION_VERSION`` changes whenever the fold's rules or the view's fields change.
 A snapshot written by another version is ignored, not trusted: it encodes what other
-rules made of the same events, and folding on from it would silently mix the two.
+rules made of the same events, and folding on from it would silently mix the two. (The
+log is asked for snapshots of this version only, so an old run's snapshots are skipped
+and its view is refolded from seq 1, once, until a snapshot of this version is saved.)
+
+Versions: 1 — the first; 2 — ``absent_generation`` and ``last_absent`` (a version-1
+snapshot has neither, and its absent generation could not be recovered from it).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from fleetledger.projections.fleet_view import (
 )
 from fleetledger.projections.shard_states import ShardRecord, ShardState
 
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2
 
 _SHARD_FIELDS = tuple(ShardRecord.__slots__)  # type: ignore[attr-defined]
 
@@ -73,6 +78,8 @@ def to_snapshot(view: FleetView) -> str:
             "at_us": view.at_us,
             "epoch": view.epoch,
             "last_serving": sorted(view.last_serving),
+            "absent_generation": view.absent_generation,
+            "last_absent": sorted(view.last_absent),
             "open_refit": _as_dict(view.open_refit),
             "last_refit_seq": view.last_refit_seq,
             "weight_version": view.weight_version,
@@ -110,6 +117,8 @@ def from_snapshot(payload: str) -> FleetView:
             at_us=d["at_us"],
             epoch=d["epoch"],
             last_serving=frozenset(d["last_serving"]),
+            absent_generation=d["absent_generation"],
+            last_absent=frozenset(d["last_absent"]),
             open_refit=_maybe(OpenRefit, d["open_refit"]),
             last_refit_seq=d["last_refit_seq"],
             weight_version=d["weight_version"],

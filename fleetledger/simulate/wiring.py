@@ -28,11 +28,8 @@ from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_f
 from fleetledger.events.log import EventLog
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.spec import SimulationSpec
-from fleetledger.simulate.trainer import FleetSynchronizer, SimulatedTrainer, WeightsSpec
-
-# A refit without a configured deadline still needs a bound here: the simulation's
-# transport waits that long for a frozen peer before the recovery can start.
-UNBOUNDED_REFIT_S = 30.0
+from fleetledger.simulate.trainer import SimulatedTrainer, WeightsSpec
+from fleetledger.transports.restartable import RestartAwareSynchronizer
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ class Wiring:
     fleet: RayShardFleet
     trainer: ActorHandle
     weights_spec: WeightsSpec
-    sync: FleetSynchronizer
+    sync: RestartAwareSynchronizer
     selector: ShardSelector
     controller: FleetController
     coordinator: RefitCoordinator
@@ -122,21 +119,20 @@ def _drive(
         ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.weights_bytes, spec.train_s)
     )
     teardown.callback(ray.kill, trainer)
-    weights_spec: WeightsSpec = ray.get(trainer.spec.remote(), timeout=120)
-    ray.get(
-        [fleet.handle(s).refit_allocate.remote(weights_spec) for s in range(spec.shards)],
-        timeout=120,
-    )
     refit = spec.config.refit
-    refit_timeout_s = refit.refit_timeout_s or UNBOUNDED_REFIT_S
-    sync = FleetSynchronizer(
+    # None is unbounded, as configured: a death recorded mid-push still aborts the push.
+    refit_timeout_s = refit.refit_timeout_s
+    # The library's restart-aware transport: it asks the trainer for the receive-buffer
+    # spec and has every shard (and every replacement) allocate before it joins.
+    sync = RestartAwareSynchronizer(
         fleet,
-        trainer,
-        weights_spec,
+        [trainer],
+        allocate_timeout_s=120,
         refit_timeout_s=refit_timeout_s,
         grace_s=refit.grace_s,
-        settle_s=refit_timeout_s + refit.grace_s,
+        settle_s=refit.bound_s,  # the settle window follows the refit timeout (+ grace)
     )
+    weights_spec: WeightsSpec = sync.weights_spec
     chaos = ChaosInjector(ledger, fleet, echo)
     teardown.callback(chaos.thaw)  # runs before the fleet is shut down (stack order)
     controller = FleetController(

@@ -6,16 +6,29 @@ dispatches the build to the trainers and the surviving shards' workers only, and
 weights by broadcast from rank 0, every receiver returning the checksum of what it holds.
 
 Every wait is bounded: ``ray.wait`` with the refit timeout plus a grace (the ranks' own,
-attributable error should win the race against "it never came back"). When one party
-fails, the others are given ``settle_s`` to finish failing before the error propagates:
-the rebuild that follows is itself a collective and needs every survivor out of the old
-one. Ray's "actor died" is reported as a dead party; no answer as a silent one.
+attributable error should win the race against "it never came back"); a refit timeout
+of ``None`` makes them unbounded, explicitly. When one party fails, the others are given
+``settle_s`` to finish failing before the error propagates: the rebuild that follows is
+itself a collective and needs every survivor out of the old one. A survivor that sees no
+error leaves at its op timeout, which is the refit timeout — so the settle window
+follows the refit timeout (plus the grace); a fixed window shorter than it propagated
+the error while survivors still sat in the old group. What cuts a long wait short is an
+abort (``abort()``, which releases every member's parked collective): the refit
+coordinator aborts as soon as the ledger records a participant dead.
+
+Ray's "actor died" is reported as a dead party; no answer as a silent one. Each failure
+carries its kind (``RefitFailed.kind``): a dead peer or a reset connection is a lost
+peer, no answer or gloo's timeout a timeout, an aborted group an abort, and anything else
+a member raised — a ``ValueError``, a checksum that differs from the root's — is
+deterministic. A deterministic failure aborts the rest at once instead of waiting the
+settle window: no rebuild follows it, the run ends with it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -23,20 +36,49 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from fleetledger.events.models import shard_outside
+from fleetledger.projections.decisions import refit_failure_kind
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
+from fleetledger.transports.gloo_rank import CollectiveAborted, NoCommunicator, PeerLost
 from fleetledger.weight_sync import (
     Party,
     PushReport,
     ReconcileOutcome,
     RefitFailed,
+    RefitFailureKind,
     WeightSynchronizer,
 )
 
 __all__ = ["GlooBroadcastSynchronizer"]
 
+ABORT_WAIT_S = 5.0
+"""How long ``abort()`` waits for the members to acknowledge (it only sets a flag)."""
+
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _plus(seconds: float | None, extra: float) -> float | None:
+    return None if seconds is None else seconds + extra
+
+
+def _kind_of(exc: BaseException) -> RefitFailureKind:
+    """What a member's exception says about the failure (see the module docstring)."""
+    if isinstance(exc, CollectiveAborted | NoCommunicator):
+        return RefitFailureKind.ABORTED
+    if isinstance(exc, PeerLost | ConnectionError):
+        return RefitFailureKind.PEER_LOST
+    if isinstance(exc, TimeoutError):
+        return RefitFailureKind.TIMED_OUT
+    return RefitFailureKind.DETERMINISTIC
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    status: str  # ok | dead | error
+    value: Any  # the result, or the text of the failure
+    kind: RefitFailureKind | None = None
+    exc: BaseException | None = None
 
 
 class GlooBroadcastSynchronizer(WeightSynchronizer):
@@ -47,11 +89,15 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         trainers: Sequence[ActorHandle],
         shard_workers: Mapping[int, Sequence[ActorHandle]],
         *,
-        refit_timeout_s: float,
+        refit_timeout_s: float | None,
         grace_s: float = 5.0,
-        settle_s: float = 10.0,
+        settle_s: float | None = None,
         build_timeout_s: float = 60.0,
     ) -> None:
+        """``refit_timeout_s``: every collective's op timeout and, plus ``grace_s``, every
+        wait for a push (``None``: unbounded). ``settle_s``: how long the others get once
+        one party failed; by default it follows the refit timeout (+ grace), unbounded
+        with it."""
         super().__init__()
         if not trainers:
             raise ValueError("a broadcast refit needs at least one trainer rank (rank 0)")
@@ -62,8 +108,10 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             )
         if sorted(shard_workers) != list(range(len(shard_workers))):
             raise ValueError(f"shards must be 0..n-1, got {sorted(shard_workers)}")
-        if refit_timeout_s <= 0:
-            raise ValueError(f"refit_timeout_s must be > 0, got {refit_timeout_s}")
+        if refit_timeout_s is not None and refit_timeout_s <= 0:
+            raise ValueError(f"refit_timeout_s must be > 0 or None, got {refit_timeout_s}")
+        if settle_s is not None and settle_s < 0:
+            raise ValueError(f"settle_s must be >= 0, got {settle_s}")
         if build_timeout_s <= 0:
             raise ValueError(f"build_timeout_s must be > 0, got {build_timeout_s}")
         self.build_timeout_s = build_timeout_s
@@ -72,7 +120,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         self.workers_per_shard = widths.pop()
         self.refit_timeout_s = refit_timeout_s
         self.grace_s = grace_s
-        self.settle_s = settle_s
+        self.settle_s = _plus(refit_timeout_s, grace_s) if settle_s is None else settle_s
         self.builds = 0
 
     @property
@@ -119,7 +167,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         members = self._members(layout)
         # Telling the membership is a plain call: a frozen member is found within the
         # refit bound, not the (longer) rendezvous budget.
-        bound = self.refit_timeout_s + self.grace_s
+        bound = _plus(self.refit_timeout_s, self.grace_s)
         # The generation side hears the new membership before the build is dispatched,
         # and only surviving shards are addressed: the dead one is why we rebuild.
         self._gather(
@@ -164,14 +212,25 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
     # ── pushing ─────────────────────────────────────────────────────────────
 
     def push(self, version: int) -> PushReport:
-        layout = self.built_layout
+        layout, build = self.built_layout, self.builds
         if layout is None:
-            raise RefitFailed("push", detail="no communicator: reconcile first")
+            raise RefitFailed(
+                "push", detail="no communicator: reconcile first", kind=RefitFailureKind.ABORTED
+            )
         started = time.monotonic()
+
+        def give_up() -> None:
+            # A deterministic failure: no rebuild follows, so nobody needs to settle;
+            # release the rest now. Only this push's build, never a newer one.
+            if self.builds == build and self.built_layout is layout:
+                self.built_absent = self.built_layout = None
+            self._abort_members(layout, build)
+
         results = self._gather(
             {h.refit_broadcast.remote(version): p for _, p, h in self._members(layout)},
-            self.refit_timeout_s + self.grace_s,
+            _plus(self.refit_timeout_s, self.grace_s),
             "push",
+            on_deterministic=give_up,
         )
         root = results[0]["checksum"]
         # A shard is one party whatever its width: each of its wrong ranks is one clause.
@@ -181,8 +240,12 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                 wrong.setdefault(party, []).append(
                     f"rank {r['rank']}: checksum {r['checksum'][:12]} ≠ root {root[:12]}"
                 )
-        if wrong:
-            raise RefitFailed("verify", errors={p: "; ".join(w) for p, w in wrong.items()})
+        if wrong:  # the same push would deliver the same bytes: deterministic
+            raise RefitFailed(
+                "verify",
+                errors={p: "; ".join(w) for p, w in wrong.items()},
+                kind=RefitFailureKind.DETERMINISTIC,
+            )
         return PushReport(
             version=version,
             world_size=layout.world_size,
@@ -192,57 +255,89 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         )
 
     def abort(self) -> None:
-        """Tell every member still reachable to abort its group; wait a little, not more."""
-        layout = self.built_layout
+        """Tell every member still reachable to abort its group — which releases a push
+        parked in it — and wait a little for them to say so, not more."""
+        layout, build = self.built_layout, self.builds
         self.built_absent = self.built_layout = None
         if layout is None:
             return
-        refs = [h.refit_abort.remote() for _, _, h in self._members(layout)]
-        ray.wait(refs, num_returns=len(refs), timeout=min(self.settle_s, 5.0))
+        self._abort_members(layout, build)
+
+    def _abort_members(self, layout: RankLayout, build: int) -> None:
+        refs = [h.refit_abort.remote(build) for _, _, h in self._members(layout)]
+        wait = ABORT_WAIT_S if self.settle_s is None else min(self.settle_s, ABORT_WAIT_S)
+        ray.wait(refs, num_returns=len(refs), timeout=wait)
 
     # ── waiting ─────────────────────────────────────────────────────────────
 
-    def _gather(self, calls: Mapping[Any, Party], bound: float, stage: str) -> list[Any]:
+    def _gather(
+        self,
+        calls: Mapping[Any, Party],
+        bound: float | None,
+        stage: str,
+        *,
+        on_deterministic: Callable[[], None] | None = None,
+    ) -> list[Any]:
         """Results in call order, or RefitFailed naming every party that did not deliver.
 
         Once one party has failed, the rest get ``settle_s`` (not the whole bound) to
         finish: long enough for gloo survivors to hit their own timeout and leave the old
-        group, which the rebuild needs.
+        group, which the rebuild needs. ``on_deterministic`` is called once, at the first
+        deterministic failure (the push releases the others with it). ``bound=None``:
+        wait as long as it takes.
         """
         refs = list(calls)
-        outcomes: dict[Any, tuple[str, Any]] = {}
+        outcomes: dict[Any, _Outcome] = {}
         pending = list(refs)
-        deadline = time.monotonic() + bound
+        deadline = None if bound is None else time.monotonic() + bound
         while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 break
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             for ref in ready:
-                outcomes[ref] = self._outcome(ref)
-                if outcomes[ref][0] != "ok":
-                    # One failed: the others get settle_s from now, never more than bound.
-                    deadline = min(deadline, time.monotonic() + self.settle_s)
+                outcome = outcomes[ref] = self._outcome(ref)
+                if outcome.status == "ok":
+                    continue
+                # One failed: the others get settle_s from now, never more than bound.
+                if self.settle_s is not None:
+                    settled = time.monotonic() + self.settle_s
+                    deadline = settled if deadline is None else min(deadline, settled)
+                if outcome.kind is RefitFailureKind.DETERMINISTIC and on_deterministic:
+                    on_deterministic()
+                    on_deterministic = None
         error = RefitFailed(stage)
+        kinds: list[RefitFailureKind] = []
+        # Unbounded, a party is left pending only by the settle window (never unbounded then).
+        waited = f"{bound:g}s" if bound is not None else f"settle_s={self.settle_s}s"
         for ref in pending:
-            error.silent[calls[ref]] = f"no answer within {bound:g}s"
-        for ref, (kind, value) in outcomes.items():
-            if kind == "dead":
-                error.dead[calls[ref]] = value
-            elif kind == "error":
-                error.errors[calls[ref]] = value
-        if error.dead or error.silent or error.errors:
-            raise error
-        return [outcomes[ref][1] for ref in refs]
+            error.silent[calls[ref]] = f"no answer within {waited}"
+            kinds.append(RefitFailureKind.TIMED_OUT)
+        cause: BaseException | None = None
+        for ref, outcome in outcomes.items():
+            if outcome.status == "ok":
+                continue
+            (error.dead if outcome.status == "dead" else error.errors)[calls[ref]] = outcome.value
+            if outcome.kind is not None:
+                kinds.append(outcome.kind)
+            if cause is None and outcome.kind is RefitFailureKind.DETERMINISTIC:
+                cause = outcome.exc
+        error.kind = refit_failure_kind(kinds)
+        if error.kind is not None:
+            raise error from cause  # a deterministic failure chains the member's own error
+        return [outcomes[ref].value for ref in refs]
 
     @staticmethod
-    def _outcome(ref: Any) -> tuple[str, Any]:
+    def _outcome(ref: Any) -> _Outcome:
         try:
-            return "ok", ray.get(ref, timeout=0)
-        except ActorUnavailableError as exc:
-            return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+            return _Outcome("ok", ray.get(ref, timeout=0))
+        except ActorUnavailableError as exc:  # unreachable for now, not known dead
+            text = f"{type(exc).__name__}: {_first_line(exc)}"
+            return _Outcome("error", text, RefitFailureKind.PEER_LOST, exc)
         except RayActorError as exc:
-            return "dead", f"{type(exc).__name__}: {_first_line(exc)}"
+            text = f"{type(exc).__name__}: {_first_line(exc)}"
+            return _Outcome("dead", text, RefitFailureKind.PEER_LOST, exc)
         except Exception as exc:
             cause = getattr(exc, "cause", None) or exc
-            return "error", f"{type(cause).__name__}: {_first_line(cause)}"
+            text = f"{type(cause).__name__}: {_first_line(cause)}"
+            return _Outcome("error", text, _kind_of(cause), cause)

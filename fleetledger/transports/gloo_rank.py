@@ -13,12 +13,27 @@ Rules carried from the failure stories:
   new one exists, on a daemon thread that is never joined: aborting a group whose peer
   is frozen can block forever (NCCL), and an ordinary worker thread would move that wedge
   to interpreter exit. (On gloo in torch 2.13 ``abort()`` is a no-op: the old group is
-  simply dropped, and a survivor still inside its collective leaves at the op timeout.)
+  simply dropped — its destructor waits for an op still parked in it, hence the thread —
+  and a member still inside its collective is released by the rule below.)
 - **Abort, never destroy**: destroying is a collective that a dead rank cannot join.
-- **Every push is bounded** by ``refit_timeout_s``: each collective by the group's op
-  timeout, and the whole push by a deadline checked between tensors (the op timeout
-  alone would allow one timeout per tensor). A gloo survivor may see no error at all
-  when a peer dies.
+- **Every push is bounded** by ``refit_timeout_s`` (``None``: unbounded, explicitly):
+  each collective by the group's op timeout, and the whole push by a deadline checked
+  while it waits (the op timeout alone would allow one timeout per tensor).
+- **A push in flight can be aborted.** A gloo survivor may see no error at all when a
+  peer dies: measured here, killing an interior rank of the broadcast tree leaves every
+  survivor — the root too — parked until the op timeout, 300 s by default. Since
+  ``abort()`` is a no-op in gloo, the member waits for each collective in short slices
+  (``Work.wait(slice)``) and leaves, raising :class:`CollectiveAborted`, once its group
+  is aborted (:meth:`CommunicatorMember.abort`, or a newer build replacing it). What
+  stays parked is gloo's own worker thread inside the old group, which nothing reuses:
+  the next build is a new group with threads of its own, joined on a thread of its own
+  (``ray_members``), and a receiver takes fresh buffers so the orphaned receive cannot
+  write into the weights the next push verifies.
+
+The errors a push raises are typed, so the controller side can tell a communication
+failure (:class:`PeerLost`, :class:`CollectiveTimedOut`), an aborted group
+(:class:`CollectiveAborted`, :class:`NoCommunicator`) and a deterministic error (any
+other exception: a bug, a mismatch) apart without reading messages.
 """
 
 from __future__ import annotations
@@ -34,12 +49,54 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CommunicatorMember", "TensorSpec", "checksum"]
+__all__ = [
+    "CollectiveAborted",
+    "CollectiveTimedOut",
+    "CommunicatorMember",
+    "NoCommunicator",
+    "PeerLost",
+    "TensorSpec",
+    "checksum",
+]
 
 TensorSpec = Mapping[str, tuple[tuple[int, ...], str]]
 """Parameter name → (shape, dtype name): what a receiver allocates to receive into."""
 
 STORE_HOST = "127.0.0.1"
+
+ABORT_POLL_S = 0.1
+"""How often a member waiting in a collective looks whether its group was aborted."""
+
+UNBOUNDED = timedelta(days=365)
+"""The op timeout of a group built with ``collective_timeout_s=None``: gloo needs a
+finite one, and a year is unbounded for a refit (aborting still releases the wait)."""
+
+
+class PeerLost(RuntimeError):
+    """The collective itself failed: a peer closed or reset its connection."""
+
+
+class CollectiveTimedOut(TimeoutError):
+    """The push exceeded ``refit_timeout_s``: gloo's op timeout, or the push's deadline."""
+
+
+class CollectiveAborted(RuntimeError):
+    """This member's group was aborted (or replaced by a newer build) mid-collective."""
+
+
+class NoCommunicator(RuntimeError):
+    """A push arrived with no group (never built, or aborted): rebuild first."""
+
+
+def _collective_error(exc: BaseException, where: str) -> Exception:
+    """gloo's (or the store's) own error, typed: every gloo error is a plain
+    ``RuntimeError`` — the store's are ``DistError`` subclasses of it — and its text says
+    whether the wait timed out or a connection went. Raised only around torch's
+    communication calls, so our own checks' errors stay what they are."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if "timed out" in text.lower():
+        return CollectiveTimedOut(f"{where}: {text}")
+    return PeerLost(f"{where}: {text}")
 
 
 def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
@@ -78,7 +135,12 @@ class CommunicatorMember:
         self._group: Any = None
         self._store: Any = None
         self._pending_store: Any = None
-        self._collective_timeout_s = 300.0
+        # Set when the current group is aborted or replaced; a new one per build, so a
+        # push parked in an old group leaves and a push in the new one is unaffected.
+        self._aborted = threading.Event()
+        self._collective_timeout_s: float | None = 300.0
+        self._lock = threading.Lock()
+        self.in_flight = 0  # pushes inside a collective now (parked ones included)
         self.build: int | None = None
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -89,14 +151,17 @@ class CommunicatorMember:
         """Rank 0 only: bind a fresh store on a free port and return the port.
 
         ``timeout_s`` bounds the rendezvous (see :meth:`join`)."""
-        store = dist.TCPStore(
-            STORE_HOST,
-            0,
-            world_size,
-            True,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+        try:
+            store = dist.TCPStore(
+                STORE_HOST,
+                0,
+                world_size,
+                True,
+                timeout=timedelta(seconds=timeout_s),
+                wait_for_workers=False,
+            )
+        except RuntimeError as exc:  # torch's DistError family: the network, not a bug
+            raise _collective_error(exc, f"opening the store of a world of {world_size}") from exc
         self._pending_store = store
         return int(store.port)
 
@@ -107,14 +172,15 @@ class CommunicatorMember:
         world_size: int,
         rank: int,
         timeout_s: float,
-        collective_timeout_s: float,
+        collective_timeout_s: float | None,
     ) -> dict[str, int]:
         """Join build ``build`` as ``rank`` of ``world_size``; release the previous group.
 
         ``timeout_s`` bounds the rendezvous, ``collective_timeout_s`` every collective of
-        the group afterwards. They are apart on purpose: measured here, about one
-        rendezvous in five over 8 ranks stalls for ~5 s before it completes, so a refit
-        timeout sized for the transfer must not also be the rendezvous budget.
+        the group afterwards (``None``: unbounded, but abortable). They are apart on
+        purpose: measured here, about one rendezvous in five over 8 ranks stalls for ~5 s
+        before it completes, so a refit timeout sized for the transfer must not also be
+        the rendezvous budget.
         """
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside a world of {world_size}")
@@ -123,22 +189,41 @@ class CommunicatorMember:
             if self._pending_store is None:
                 raise RuntimeError("rank 0 must open the store (open_store) before joining")
             store, self._pending_store = self._pending_store, None
-        else:
-            store = dist.TCPStore(STORE_HOST, port, world_size, False, timeout=timeout)
-        group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        group.set_timeout(timedelta(seconds=collective_timeout_s))
+        try:
+            if rank != 0:
+                store = dist.TCPStore(STORE_HOST, port, world_size, False, timeout=timeout)
+            group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        except RuntimeError as exc:  # the rendezvous: a peer gone, a connect timed out
+            raise _collective_error(exc, f"joining build {build} as rank {rank}") from exc
+        group.set_timeout(
+            UNBOUNDED if collective_timeout_s is None else timedelta(seconds=collective_timeout_s)
+        )
         self._collective_timeout_s = collective_timeout_s
-        old_group, old_store = self._group, self._store
+        old_group, old_store, old_aborted = self._group, self._store, self._aborted
         self._group, self._store = group, store
+        self._aborted = threading.Event()
         self.build, self.rank, self.world_size = build, rank, world_size
+        old_aborted.set()  # a push still parked in the old group leaves it
         if old_group is not None:
             _release(old_group, old_store)
         return {"build": build, "rank": rank, "world_size": world_size}
 
-    def abort(self) -> bool:
-        """Abort the current group (bounded: on a daemon thread). True if there was one."""
+    def abort(self, build: int | None = None) -> bool:
+        """Abort the current group and release a push parked in it (bounded: the group is
+        dropped on a daemon thread). True if there was one.
+
+        ``build``: abort only if the current group is that build — an abort that arrives
+        late, after a newer build was joined, must not tear down the new communicator.
+        """
+        if build is not None and build != self.build:
+            return False
         group, store = self._group, self._store
         self._group = self._store = None
+        self._aborted.set()
+        if self.in_flight and self.rank != 0:
+            # The orphaned receive stays parked inside gloo, writing into these buffers
+            # if it ever completes: take fresh ones (the values are partial either way).
+            self.tensors = {name: t.clone() for name, t in self.tensors.items()}
         if group is None:
             return False
         _release(group, store)
@@ -161,25 +246,51 @@ class CommunicatorMember:
 
     def broadcast(self, version: int) -> dict[str, Any]:
         """Take part in one push from rank 0; returns the checksum of what this rank holds."""
-        group = self._group
+        group, aborted, tensors = self._group, self._aborted, self.tensors
         if group is None:
-            raise RuntimeError("no communicator: reconcile before pushing")
-        if not self.tensors:
+            raise NoCommunicator("no communicator: reconcile before pushing")
+        if not tensors:
             raise RuntimeError("no tensors to push or receive into (allocate first)")
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        deadline = time.monotonic() + self._collective_timeout_s
-        for name in sorted(self.tensors):
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"push of v{version} exceeded refit_timeout_s="
-                    f"{self._collective_timeout_s:g} before tensor {name!r}"
-                )
-            group.broadcast([self.tensors[name]], opts).wait()
+        limit = self._collective_timeout_s
+        deadline = None if limit is None else time.monotonic() + limit
+        with self._lock:
+            self.in_flight += 1
+        try:
+            for name in sorted(tensors):
+                work = group.broadcast([tensors[name]], opts)
+                self._wait(work, aborted, deadline, f"push of v{version}, tensor {name!r}")
+        finally:
+            with self._lock:
+                self.in_flight -= 1
         self.version = version
         return {
             "rank": self.rank,
             "version": version,
-            "checksum": checksum(self.tensors),
-            "bytes": sum(t.numel() * t.element_size() for t in self.tensors.values()),
+            "checksum": checksum(tensors),
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
         }
+
+    def _wait(
+        self, work: Any, aborted: threading.Event, deadline: float | None, where: str
+    ) -> None:
+        """Wait for one collective in slices; leave when aborted or past the deadline."""
+        poll = timedelta(seconds=ABORT_POLL_S)
+        while True:
+            try:
+                work.wait(poll)
+                return
+            except RuntimeError:
+                if work.is_completed():  # the op itself failed, not our slice of waiting
+                    try:
+                        work.wait()  # its own error, not the slice's "Operation timed out!"
+                    except RuntimeError as failed:
+                        raise _collective_error(failed, where) from failed
+                    return
+            if aborted.is_set():
+                raise CollectiveAborted(f"{where}: the communicator was aborted")
+            if deadline is not None and time.monotonic() > deadline:
+                raise CollectiveTimedOut(
+                    f"{where}: exceeded refit_timeout_s={self._collective_timeout_s:g}"
+                )

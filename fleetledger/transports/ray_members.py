@@ -3,7 +3,8 @@
 ``CommunicatorActor`` is a mixin for *async* Ray actors (a generation shard is one): the
 collective calls run on a worker thread, so the actor's event loop keeps answering
 liveness probes while a push is in flight — a probe that waited behind a hung collective
-would condemn the wrong shard.
+would condemn the wrong shard. Each collective call gets a thread of its own, so a call
+parked in an aborted group never holds up the next build's join (nor interpreter exit).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class CommunicatorActor:
         world_size: int,
         rank: int,
         timeout_s: float,
-        collective_timeout_s: float,
+        collective_timeout_s: float | None,
     ) -> dict[str, int]:
         announced = self._refit_announced
         if self._refit_needs_membership and (announced is None or announced[0] != build):
@@ -98,8 +99,15 @@ class CommunicatorActor:
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
         return await _on_daemon_thread(self._member().broadcast, version)
 
-    async def refit_abort(self) -> bool:
-        return self._member().abort()
+    async def refit_abort(self, build: int | None = None) -> bool:
+        """Abort the group (only if it is ``build``, when given) and release a push parked
+        in it. On the event loop, not a thread: it only sets a flag and hands the group
+        to a releasing thread, so it answers even while a collective is parked."""
+        return self._member().abort(build)
+
+    async def refit_in_flight(self) -> int:
+        """Pushes of this member still inside a collective (parked ones included)."""
+        return self._member().in_flight
 
     async def refit_allocate(self, spec: TensorSpec) -> None:
         self._member().allocate(spec)
