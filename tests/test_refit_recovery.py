@@ -10,6 +10,7 @@ default refit timeout (300 s) assert on the recorded events and their order; the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -370,6 +371,43 @@ def test_a_shard_the_push_saw_die_is_recorded_dead_though_its_probe_answered(led
         r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "actor_death_confirmed"
     ]
     assert (death.shard, death.error) == (1, "seen dying by the refit: ActorDiedError: killed")
+
+
+class _RestartedBeforeRecovery(_FailsOnce):
+    """Shard 1 dies mid-push; before the push's failure reaches the recovery, the death
+    is recorded and the shard restarted (as the probe pump and the restarter would)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(
+            RefitFailed("push", dead={Party.shard(1): "ActorDiedError: killed"}, kind=None)
+        )
+        self.ledger = ledger
+
+    def push(self, version) -> PushReport:
+        if self.failures:
+            self.ledger.actor_died(1, "ActorDiedError: killed (seen by a probe)")
+            self.ledger.restart_requested(1)
+            self.ledger.replacement_loaded(1)
+        return super().push(version)
+
+
+def test_a_death_the_push_saw_is_never_recorded_against_a_replacement(ledger):
+    coordinator = RefitCoordinator(
+        ledger,
+        _RestartedBeforeRecovery(ledger),
+        _Answers({}),
+        refit_timeout_s=1.0,
+        grace_s=1.0,
+        probe_timeout_s=0.5,
+    )
+    with contextlib.suppress(RunFailed):
+        coordinator.refit(1)
+    loaded = next(
+        r.seq for r in ledger.log.read(ledger.run, 1) if r.event.type == "replacement_loaded"
+    )
+    after = [r.event for r in ledger.log.read(ledger.run, loaded)]
+    assert not any(e.type == "actor_death_confirmed" and e.shard == 1 for e in after)
+    assert ledger.view.state_of(1) is not ShardState.DEAD
 
 
 def _integers(ledger: Ledger) -> tuple[int, int]:

@@ -173,6 +173,9 @@ class RefitCoordinator:
         self.watch_interval_s = watch_interval_s
         self._recovering = recovering
         self.recoveries = 0
+        # Each shard's incarnation (its restart count) when the refit began: a death
+        # the push saw is of that process, never of a replacement started since.
+        self._pushed_to: tuple[int, ...] = ()
 
     # ── the refit ───────────────────────────────────────────────────────────
 
@@ -184,6 +187,7 @@ class RefitCoordinator:
         restart) was not built into this communicator and must not be promoted by it.
         """
         absent, participants = self._snapshot()
+        self._pushed_to = self.ledger.membership.restart_attempts
         self.ledger.refit_started(version, participants)
         try:
             self._reconcile(absent, force=False)
@@ -389,7 +393,10 @@ class RefitCoordinator:
         for shard in failed.dead_shards:
             if shard in results:
                 text = failed.dead[Party.shard(shard)]
-                results[shard] = ProbeResult("died", f"seen dying by the refit: {text}")
+                incarnation = self._pushed_to[shard] if shard < len(self._pushed_to) else None
+                results[shard] = ProbeResult(
+                    "died", f"seen dying by the refit: {text}", incarnation=incarnation
+                )
         self.ledger.record_probes(results)
 
     def _condemn_the_silent(self, version: int, reason: str, failed: RefitFailed) -> int:
