@@ -568,18 +568,32 @@ class Child:
     peak_rss_mb: float
 
 
+# A child's ru_maxrss counts the memory of the process it was forked from (Linux keeps
+# the forking process's high-water mark across exec): measured straight from a large
+# test process, a 50 MB child reads as that process's size. So a small parent starts
+# the command and reports the command's own peak.
+MEASURING_PARENT = (
+    "import os, subprocess, sys\n"
+    "proc = subprocess.Popen(sys.argv[1:])\n"
+    "_, status, usage = os.wait4(proc.pid, 0)\n"
+    "open(os.environ['CHILD_RSS_FILE'], 'w').write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run_child(args: list[str], cwd: Path, stdin_from: Path | None = None) -> Child:
     """``fleetledger ARGS`` in a fresh interpreter; its own peak RSS, from ``os.wait4``.
 
     ``stdin_from`` is fed through a pipe (a stream that cannot seek), by a thread: the
     child may refuse, and close the pipe, long before the file ends.
     """
-    out, err = cwd / "child.stdout", cwd / "child.stderr"
+    out, err, rss = cwd / "child.stdout", cwd / "child.stderr", cwd / "child.rss"
     code = "import sys; sys.argv[0] = 'fleetledger'; from fleetledger.cli import main; main()"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
+    env["CHILD_RSS_FILE"] = str(rss)
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, *args],
+            [sys.executable, "-c", MEASURING_PARENT, sys.executable, "-c", code, *args],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE if stdin_from is not None else subprocess.DEVNULL,
@@ -594,7 +608,7 @@ def run_child(args: list[str], cwd: Path, stdin_from: Path | None = None) -> Chi
     watchdog = threading.Timer(300, proc.kill)
     watchdog.start()
     try:
-        _, status, usage = os.wait4(proc.pid, 0)
+        _, status, _usage = os.wait4(proc.pid, 0)
     finally:
         watchdog.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -604,10 +618,11 @@ def run_child(args: list[str], cwd: Path, stdin_from: Path | None = None) -> Chi
         proc.returncode,
         out.read_text(encoding="utf-8", errors="replace"),
         err.read_text(encoding="utf-8", errors="replace"),
-        usage.ru_maxrss / 1024,  # kilobytes on Linux
+        int(rss.read_text(encoding="utf-8")) / 1024,  # kilobytes on Linux
     )
     out.unlink()
     err.unlink()
+    rss.unlink()
     return child
 
 

@@ -172,7 +172,12 @@ def test_an_expired_generation_deadline_is_redispatched_by_the_retry_policy() ->
     counters = RolloutCounters()
     result = asyncio.run(
         run_rollout(
-            generate, select_shard=select, policy=RetryPolicy(), counters=counters, sleep=no_wait
+            generate,
+            select_shard=select,
+            policy=RetryPolicy(),
+            counters=counters,
+            sleep=no_wait,
+            jitter_draw=lambda: 1.0,  # the top of the jitter range: the backoff's ceiling
         )
     )
     assert result == "served by 1"

@@ -18,6 +18,11 @@ RUN = "holey"
 EVENTS = 28  # run_started, 26 probes, run_ended
 
 
+@pytest.fixture(autouse=True)
+def _sandbox(cli_sandbox: None) -> None:
+    """The commands below point structlog at the runner's stream: put it back after."""
+
+
 @pytest.fixture
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> int:
     monkeypatch.setattr(log_module, "READ_PAGE", 10)
