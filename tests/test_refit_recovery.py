@@ -281,11 +281,13 @@ def test_a_lost_device_context_ends_the_run_at_once(ledger, arrives):
 
 
 class _FailsOnce(WeightSynchronizer):
-    """A transport whose first push fails with ``failure`` and whose retry succeeds."""
+    """A transport whose first push fails with ``failure`` and whose retry succeeds;
+    counts the aborts it is asked for."""
 
-    def __init__(self, failure: RefitFailed) -> None:
+    def __init__(self, failure: BaseException) -> None:
         super().__init__()
         self.failures = [failure]
+        self.aborts = 0
 
     def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
         return ReconcileOutcome.NOT_APPLICABLE
@@ -296,7 +298,7 @@ class _FailsOnce(WeightSynchronizer):
         return PushReport(version, 1, 0, "", 0.0)
 
     def abort(self) -> None:
-        return None
+        self.aborts += 1
 
 
 class _Answers:
@@ -604,26 +606,6 @@ def _default_coordinator(fleet: Fleet, ledger: Ledger) -> RefitCoordinator:
     )
 
 
-class _Raises(WeightSynchronizer):
-    """A transport whose push raises ``failure`` (once), then succeeds."""
-
-    def __init__(self, failure: BaseException) -> None:
-        super().__init__()
-        self.failures = [failure]
-        self.aborts = 0
-
-    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
-        return ReconcileOutcome.NOT_APPLICABLE
-
-    def push(self, version) -> PushReport:
-        if self.failures:
-            raise self.failures.pop()
-        return PushReport(version, 1, 0, "", 0.0)
-
-    def abort(self) -> None:
-        self.aborts += 1
-
-
 @pytest.mark.parametrize(
     "failure",
     [
@@ -642,7 +624,7 @@ def test_a_deterministic_failure_with_a_lone_suspect_condemns_nobody(ledger, fai
             probes.append(shards)
             return {s: ProbeResult.ok() for s in shards}
 
-    transport = _Raises(failure)
+    transport = _FailsOnce(failure)
     coordinator = RefitCoordinator(
         ledger, transport, Prober(), refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
     )
@@ -674,7 +656,7 @@ def test_a_timeout_or_an_abort_with_a_lone_suspect_still_condemns_it(ledger, fai
     ledger.record_probes({0: ProbeResult("timeout", "no answer within 0.5s")})
     coordinator = RefitCoordinator(
         ledger,
-        _Raises(failure),
+        _FailsOnce(failure),
         _Answers(_FROZEN),
         refit_timeout_s=1.0,
         grace_s=1.0,
