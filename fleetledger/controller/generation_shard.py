@@ -16,7 +16,19 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-__all__ = ["Generation", "GenerationRequest", "GenerationShard"]
+from fleetledger.errors import FleetledgerError
+
+
+class EngineDead(FleetledgerError, RuntimeError):
+    """The engine under a live actor is gone: raised by ``is_alive`` and ``generate``.
+
+    Ray's liveness sees only the actor's process. A vLLM engine core that dies under it
+    (killed, out of memory) leaves an actor that answers every call while nothing can
+    generate again; the fleet records this as the shard's death, as conclusively as an
+    actor death, so traffic moves at once instead of after a streak of failures.
+    """
+
+__all__ = ["EngineDead", "Generation", "GenerationRequest", "GenerationShard"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +57,14 @@ class GenerationShard(ABC):
     """The controller's view of one engine (run as a Ray actor, one per shard)."""
 
     @abstractmethod
-    async def is_alive(self) -> bool:
-        """Answer a liveness probe. Must not wait behind generations."""
+    async def is_alive(self, deep: bool = False) -> bool:
+        """Answer a liveness probe. Must not wait behind generations.
+
+        ``deep``: also prove the engine can generate (a one-token completion); the
+        caller bounds it. A wedged engine answers a shallow probe and hangs a deep one,
+        so deep probes condemn it in threshold × interval. Raise :class:`EngineDead`
+        when the engine itself is gone.
+        """
 
     @abstractmethod
     async def generate(self, request: GenerationRequest) -> Generation:

@@ -30,9 +30,12 @@ _log = structlog.get_logger("fleetledger.probe")
 
 
 class Prober(Protocol):
-    """Probes shards concurrently; the call returns within ``timeout_s`` (plus overhead)."""
+    """Probes shards concurrently; the call returns within ``timeout_s`` (plus overhead).
+    ``deep``: prove each engine can generate, not only that it answers."""
 
-    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]: ...
+    def probe(
+        self, shards: Iterable[int], timeout_s: float, *, deep: bool = False
+    ) -> Mapping[int, ProbeResult]: ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,15 @@ class ProbePump:
         if membership.ended:
             return ProbeRound((), {}, (), 0.0)
         shards = membership.serving
-        results = dict(self._prober.probe(shards, self._config.probe_timeout_s)) if shards else {}
+        results = (
+            dict(
+                self._prober.probe(
+                    shards, self._config.probe_timeout_s, deep=self._config.deep_probe
+                )
+            )
+            if shards
+            else {}
+        )
         unknown = set(results) - set(shards)
         if unknown:
             raise ValueError(f"the prober answered for shards it was not asked about: {unknown}")

@@ -53,9 +53,10 @@ from fleetledger.controller.failure_taxonomy import (
     safe_text,
     wrap_generation_failure,
 )
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.controller.generation_shard import EngineDead, Generation, GenerationRequest
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.outcome_reporter import OutcomeWindow
+from fleetledger.controller.reaping import ProcessRecord, reap
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import LedgerError, first_line
 from fleetledger.events.models import MAX_TEXT, clip_text
@@ -68,6 +69,7 @@ __all__ = [
     "ShardSpawnError",
     "actor_death_of",
     "death_text",
+    "engine_death_of",
     "local_ray",
     "probe_result_of",
 ]
@@ -143,7 +145,9 @@ def probe_result_of(exc: BaseException, incarnation: int | None = None) -> Probe
     subclass of ``RayActorError``) means the actor may come back, so it is a failed probe.
     """
     kind: Literal["timeout", "error", "died"]
-    if isinstance(exc, ActorUnavailableError):
+    if engine_death_of(exc) is not None:  # the engine under a live actor: conclusive too
+        kind = "died"
+    elif isinstance(exc, ActorUnavailableError):
         kind = "error"
     elif isinstance(exc, RayActorError):
         kind = "died"
@@ -152,6 +156,18 @@ def probe_result_of(exc: BaseException, incarnation: int | None = None) -> Probe
     else:
         kind = "error"
     return ProbeResult(kind, death_text(exc), incarnation=incarnation)
+
+
+def engine_death_of(exc: BaseException) -> EngineDead | None:
+    """The engine's own "I am gone" (:class:`EngineDead`) in what a call raised: Ray
+    delivers it inside a task error, as ``cause`` (and as an instance of its class)."""
+    for link in cause_chain(exc):
+        if isinstance(link, EngineDead):
+            return link
+        cause = getattr(link, "cause", None) if isinstance(link, RayTaskError) else None
+        if isinstance(cause, EngineDead):
+            return cause
+    return None
 
 
 def shard_actor_name(prefix: str, shard: int) -> str:
@@ -173,6 +189,9 @@ class RayShardFleet:
         (the default for handles made elsewhere): not known, so what is seen through
         them is recorded unchecked (see :meth:`attach`).
         """
+        # shard -> the engine processes its actor started (``child_processes()``), read
+        # once it answered: reaped after the actor is killed, so none outlives it.
+        self._processes: dict[int, tuple[ProcessRecord, ...]] = {}
         self._lock = threading.Lock()  # a handle and its incarnation change together
         self._handles: dict[int, ActorHandle] = dict(handles)
         self._factory = factory
@@ -184,7 +203,11 @@ class RayShardFleet:
 
     @classmethod
     def spawn(
-        cls, shard_count: int, factory: ShardFactory, *, ready_timeout_s: float = 60.0
+        cls,
+        shard_count: int,
+        factory: ShardFactory,
+        *,
+        ready_timeout_s: float = 60.0,
     ) -> RayShardFleet:
         """Create every shard's actor and wait (bounded) until each answers a probe."""
         fleet = cls({}, factory=factory, incarnations=())
@@ -238,14 +261,21 @@ class RayShardFleet:
 
     # ── probing ─────────────────────────────────────────────────────────────
 
-    def probe(self, shards: Iterable[int], timeout_s: float) -> dict[int, ProbeResult]:
+    def probe(
+        self, shards: Iterable[int], timeout_s: float, *, deep: bool = False
+    ) -> dict[int, ProbeResult]:
         """Probe ``shards`` concurrently; the whole round is bounded by ``timeout_s``.
 
-        Each result carries the incarnation it was obtained through, so the ledger can
-        drop one about an actor replaced while the round was out.
+        ``deep``: each engine generates one token (``is_alive(deep=True)``), so a wedged
+        engine fails the probe instead of answering it. Each result carries the
+        incarnation it was obtained through, so the ledger can drop one about an actor
+        replaced while the round was out.
         """
         return self._bounded_round(
-            shards, lambda h: h.is_alive.remote(), timeout_s, f"probe_timeout_s={timeout_s:g}"
+            shards,
+            lambda h: h.is_alive.remote(deep) if deep else h.is_alive.remote(),
+            timeout_s,
+            f"probe_timeout_s={timeout_s:g}",
         )
 
     def _bounded_round(
@@ -298,7 +328,8 @@ class RayShardFleet:
 
     def wait_ready(self, shards: Iterable[int], timeout_s: float) -> None:
         """Block until every shard answers a probe; raise naming the ones that did not."""
-        pending = set(shards)
+        shards_asked = tuple(shards)
+        pending = set(shards_asked)
         deadline = time.monotonic() + timeout_s
         last: dict[int, ProbeResult] = {}
         while pending:
@@ -317,6 +348,28 @@ class RayShardFleet:
                 detail = ", ".join(f"shard {s}: {r.error}" for s, r in sorted(dead.items()))
                 raise ShardSpawnError(f"died while starting: {detail}")
             pending = {s for s, r in last.items() if r.kind != "ok"}
+        for shard in shards_asked:
+            self._record_processes(shard)
+
+    def _record_processes(self, shard: int) -> None:
+        """Ask a ready actor which processes its engine started (``child_processes()``,
+        when its class has it), to reap them once the actor is gone."""
+        handle, _ = self._current(shard)
+        if handle is None or not hasattr(handle, "child_processes"):
+            return
+        records = ray.get(handle.child_processes.remote(), timeout=30.0)
+        with self._lock:
+            self._processes[shard] = tuple(ProcessRecord(**r) for r in records)
+
+    def _kill(self, shard: int, handle: ActorHandle) -> None:
+        """Kill ``shard``'s actor and reap the engine processes it had started: Ray
+        cleans up an actor's process group, but an engine process that left it (or a
+        cluster with that cleanup off) would otherwise live on holding its memory."""
+        with self._lock:
+            records = self._processes.pop(shard, ())
+        ray.kill(handle, no_restart=True)
+        if records:
+            reap(records)
 
     # ── calls ───────────────────────────────────────────────────────────────
 
@@ -340,6 +393,14 @@ class RayShardFleet:
             ray.cancel(ref)
             raise
         except RayTaskError as exc:
+            if engine_death_of(exc) is not None:  # the engine died under a live actor
+                raise ShardActorDied(
+                    shard=shard,
+                    incarnation=incarnation,
+                    death=death_text(engine_death_of(exc) or exc),
+                    prompt_id=request.prompt_id,
+                    group_id=request.group_id,
+                ) from exc
             # The worker was alive and raised: the boundary decides. Its engine's own
             # error (an engine core dead under it, a device out of memory, anything
             # never seen) is this shard's failure, re-dispatched elsewhere; only an
@@ -378,6 +439,12 @@ class RayShardFleet:
         url: str | None = ray.get(handle.base_url.remote(), timeout=timeout_s)
         return url or None
 
+    def processes(self) -> dict[int, tuple[ProcessRecord, ...]]:
+        """Per shard, the engine processes its current actor reported when it was ready
+        (what is reaped after the actor); shards without any are left out."""
+        with self._lock:
+            return {shard: records for shard, records in self._processes.items() if records}
+
     def handle(self, shard: int) -> ActorHandle:
         handle, _ = self._current(shard)
         if handle is None:
@@ -411,7 +478,7 @@ class RayShardFleet:
             old = self._handles.pop(shard, None)
             self._incarnations[shard] = self._incarnations.get(shard, 0) + 1
         if old is not None:
-            ray.kill(old, no_restart=True)
+            self._kill(shard, old)
         deadline = time.monotonic() + ready_timeout_s
         while True:
             try:
@@ -433,10 +500,10 @@ class RayShardFleet:
 
     def shutdown(self) -> None:
         with self._lock:
-            handles = list(self._handles.values())
+            handles = dict(self._handles)
             self._handles.clear()
-        for handle in handles:
-            ray.kill(handle, no_restart=True)
+        for shard, handle in handles.items():
+            self._kill(shard, handle)
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -458,7 +525,8 @@ def actor_death_of(exc: BaseException) -> ActorDeath | None:
             return ActorDeath(link.death, link.incarnation)
         if isinstance(link, RayActorError) and not isinstance(link, ActorUnavailableError):
             return ActorDeath(death_text(link))
-    return None
+    engine = engine_death_of(exc)
+    return None if engine is None else ActorDeath(death_text(engine))
 
 
 class GenerationReports:

@@ -56,7 +56,9 @@ class SimulatedShard(GenerationShard):
 
     # ── the interface ───────────────────────────────────────────────────────
 
-    async def is_alive(self) -> bool:
+    async def is_alive(self, deep: bool = False) -> bool:
+        if deep and self._fault == "hang":  # a deep probe generates: the wedge holds it
+            await asyncio.Event().wait()
         return True
 
     async def generate(self, request: GenerationRequest) -> Generation:

@@ -1,10 +1,12 @@
 """``fleetledger simulate``: an asynchronous RL loop on a local Ray cluster, with chaos.
 
-A trainer actor steps; N simulated generation shards (``engines.simulated``) serve
+A trainer actor steps; N generation shards — simulated (``engines.simulated``, the
+default) or real vLLM engines (``engines.vllm_shard``, ``engine="vllm"``) — serve
 rollouts through the least-outstanding selector under the retry policy; after every
-step the trainer's parameters (a few MB of tensors) are broadcast to every shard that
-is not absent over a gloo communicator rebuilt whenever the membership changes, and a
-failed push is recovered; the live controller probes, watches for stalls and
+step the trainer's parameters (a few MB of tensors, or a real model's) are broadcast
+to every shard that is not absent over a gloo communicator rebuilt whenever the
+membership changes, a failed push is recovered, and with vLLM every refit is checked by
+logprobs against the trainer's own forward pass; the live controller probes, watches for stalls and
 (optionally) restarts dead shards. Everything lands in the ledger, so the run is
 replayed and explained afterwards like any real one.
 
@@ -15,6 +17,7 @@ an engine, which the controller itself never imports.
 from fleetledger.simulate.loop import run_simulation
 from fleetledger.simulate.spec import (
     Chaos,
+    RefitRecord,
     SimulationResult,
     SimulationSpec,
     parse_chaos,
@@ -23,6 +26,7 @@ from fleetledger.simulate.spec import (
 
 __all__ = [
     "Chaos",
+    "RefitRecord",
     "SimulationResult",
     "SimulationSpec",
     "parse_chaos",

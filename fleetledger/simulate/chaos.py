@@ -2,7 +2,8 @@
 
 ``kill`` and ``freeze`` are SIGKILL and SIGSTOP on the shard's current process — looked
 up again after a restart replaced it — so what the controller sees is what it would see
-of a real engine; ``wedge`` and ``blip`` are faults inside the engine. Frozen processes
+of a real engine; ``wedge`` and ``blip`` are faults inside the simulated engine, and on
+a vLLM engine a wedge is its engine core SIGSTOPped (``/health`` still answers). Frozen processes
 are thawed when the simulation ends, or they would outlive it.
 """
 
@@ -18,10 +19,20 @@ from fleetledger.simulate.spec import Chaos
 
 
 class ChaosInjector:
-    def __init__(self, ledger: Ledger, fleet: RayShardFleet, echo: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        fleet: RayShardFleet,
+        echo: Callable[[str], None],
+        *,
+        real_engine: bool = False,
+    ) -> None:
+        """``real_engine``: the shards run real engines (vLLM): a wedge stops the
+        engine core under the live actor instead of setting a simulated fault."""
         self._ledger = ledger
         self._fleet = fleet
         self._echo = echo
+        self._real_engine = real_engine
         # shard -> (restart attempts when the pid was read, pid)
         self._pids = {shard: (0, pid) for shard, pid in fleet.pids().items()}
         self._frozen: list[int] = []
@@ -49,6 +60,10 @@ class ChaosInjector:
         if chaos.action == "kill":
             os.kill(pid, signal.SIGKILL)
         elif chaos.action == "freeze":
+            os.kill(pid, signal.SIGSTOP)
+            self._frozen.append(pid)
+        elif self._real_engine:  # wedge: the engine core stops, the actor still answers
+            pid = self._fleet.call(chaos.shard, "engine_pid", timeout_s=5.0)
             os.kill(pid, signal.SIGSTOP)
             self._frozen.append(pid)
         else:

@@ -34,7 +34,7 @@ from fleetledger.controller.retry_policy import (
     run_rollout,
 )
 from fleetledger.events.log import EventLog
-from fleetledger.simulate.spec import SimulationResult, SimulationSpec
+from fleetledger.simulate.spec import RefitRecord, SimulationResult, SimulationSpec
 from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
 
 ADAPTER = "simulate.rollouts"
@@ -60,6 +60,7 @@ class Simulation:
         )
         self.reports: GenerationReports  # set by run(), once the ledger exists
         self.train_steps = 0
+        self.refits: list[RefitRecord] = []
         self.committed_groups = 0
         self.halted = threading.Event()
         self.step_task: asyncio.Future[None] | None = None
@@ -121,7 +122,10 @@ class Simulation:
         version: int = await self.w.trainer.step.remote(rows)
         self.train_steps += 1
         # Pushed to every shard that is not absent; a failed push is recovered.
-        await asyncio.to_thread(self.w.coordinator.refit, version)
+        outcome = await asyncio.to_thread(self.w.coordinator.refit, version)
+        # Checked where the engine has a model: its logprobs against the trainer's.
+        diff = await asyncio.to_thread(self.w.check_refit, self.w.fleet, outcome.participants)
+        self.refits.append(RefitRecord(version, outcome.participants, diff))
 
     # ── the whole run ──────────────────────────────────────────────────────
 
@@ -198,7 +202,9 @@ class Simulation:
                 raise
             finally:
                 self.w.close()
-        return SimulationResult(run, outcome, cause, self.train_steps, self.counters.snapshot())
+        return SimulationResult(
+            run, outcome, cause, self.train_steps, self.counters.snapshot(), tuple(self.refits)
+        )
 
 
 def run_simulation(

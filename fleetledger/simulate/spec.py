@@ -16,14 +16,18 @@ from fleetledger.events.models import shard_outside
 ChaosAction = Literal["kill", "freeze", "wedge", "blip"]
 CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip")
 
+EngineKind = Literal["sim", "vllm"]
+ENGINES: tuple[EngineKind, ...] = ("sim", "vllm")
+
 
 @dataclass(frozen=True, slots=True)
 class Chaos:
     """One fault to inject: ``action`` on ``shard`` during ``step`` (1-based).
 
     ``kill`` SIGKILLs the shard's process, ``freeze`` SIGSTOPs it, ``wedge`` makes every
-    later generation hang while probes still answer, ``blip`` fails its next generation
-    once with a transport error.
+    later generation hang while probes still answer (a vLLM engine: its engine core is
+    SIGSTOPped, the real wedge), ``blip`` fails its next generation once with a
+    transport error (the simulated engine only).
     """
 
     action: ChaosAction
@@ -51,6 +55,7 @@ def simulation_config(
     min_healthy_shards: int = 1,
     stall_timeout_s: float = 60.0,
     stall_action: Literal["warn", "abort"] = "warn",
+    deep_probe: bool = False,
 ) -> ControllerConfig:
     """The controller configuration of a simulated run: fleet health on, short clocks."""
     return ControllerConfig.model_validate(
@@ -61,6 +66,7 @@ def simulation_config(
                 "probe_timeout_s": probe_timeout_s,
                 "restart_dead_shards": restart_dead_shards,
                 "min_healthy_shards": min_healthy_shards,
+                "deep_probe": deep_probe,
             },
             "rollout_failure": {"backoff_base_s": 0.05, "max_backoff_s": 1.0},
             "timeouts": {"generation_timeout_s": generation_timeout_s},
@@ -87,8 +93,21 @@ class SimulationSpec:
     run: str | None = None
     metrics_port: int | None = None
     weights_bytes: int = 4_000_000
+    engine: EngineKind = "sim"
+    model: str | None = None  # vllm only: a local Hugging Face model (default: tiny Llama)
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine {self.engine}: expected one of {', '.join(ENGINES)}")
+        if self.model is not None and self.engine != "vllm":
+            raise ValueError("--model is for --engine vllm (the simulated engine has no model)")
+        if self.engine == "vllm":
+            for c in self.chaos:
+                if c.action == "blip":
+                    raise ValueError(
+                        f"--blip {c.shard}@{c.step}: a blip is a fault of the simulated engine; "
+                        "a vLLM engine is killed, frozen or wedged for real"
+                    )
         for name in ("shards", "steps", "groups_per_step", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -107,6 +126,23 @@ class SimulationSpec:
                 )
 
 
+@dataclass(frozen=True, slots=True)
+class RefitRecord:
+    """One refit of the run: the version pushed, the shards it reached, and — with a
+    real engine — the largest logprob difference between them and the trainer."""
+
+    weight_version: int
+    shards: tuple[int, ...]
+    logprob_max_abs_diff: float | None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "weight_version": self.weight_version,
+            "shards": list(self.shards),
+            "logprob_max_abs_diff": self.logprob_max_abs_diff,
+        }
+
+
 @dataclass(frozen=True)
 class SimulationResult:
     run: str
@@ -114,3 +150,4 @@ class SimulationResult:
     cause: str
     steps_done: int
     counters: dict[str, object]
+    refits: tuple[RefitRecord, ...] = ()

