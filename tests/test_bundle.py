@@ -37,7 +37,7 @@ from tests.test_timeline import STORY_RUN, write_story
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
-DEMO_EVENTS = 31
+DEMO_EVENTS = 19
 Members = dict[str, bytes]
 
 

@@ -27,7 +27,7 @@ from tests.cli_support import invoke, run_cli
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
-DEMO_EVENTS = 31
+DEMO_EVENTS = 19
 DEMO_STEPS = 16
 
 
@@ -86,9 +86,9 @@ def test_demo_prints_every_step_and_the_final_membership(sqlite_url: str) -> Non
         f"({final['at']}): epoch {final['epoch']}, serving [0, 2, 3], absent [1], suspected []"
     )
     assert summary in out
-    assert final["epoch"] == 4  # the serving set changed at seqs 15, 20, 27 and 30
-    assert re.search(r"│\s*1\s*│\s*DEAD\s*│\s*2\s*│\s*0\s*│\s*28\s*│", out)
-    assert re.search(r"│\s*2\s*│\s*HEALTHY\s*│\s*3\s*│\s*1\s*│\s*30\s*│", out)
+    assert final["epoch"] == 4  # the serving set changed at seqs 6, 11, 15 and 18
+    assert re.search(r"│\s*1\s*│\s*DEAD\s*│\s*2\s*│\s*0\s*│\s*16\s*│", out)
+    assert re.search(r"│\s*2\s*│\s*HEALTHY\s*│\s*3\s*│\s*1\s*│\s*18\s*│", out)
     assert "rank layout: world 8 = 2 trainer ranks + 3 shards × 2" in out
     assert f"run id: {run}" in out
 
@@ -107,7 +107,7 @@ def test_demo_json_prints_one_parseable_object_per_step(sqlite_url: str) -> None
     condemned = docs[13]["transitions"]
     assert condemned == [
         {
-            "seq": 28,
+            "seq": 16,
             "shard": 1,
             "from": "STALE",
             "to": "DEAD",
@@ -160,7 +160,7 @@ def test_membership_json_has_the_documented_keys(sqlite_url: str) -> None:
     assert doc == folded_document(sqlite_url, run)
 
 
-@pytest.mark.parametrize("seq", [1, 5, 15, 18, 20, 27, 28, DEMO_EVENTS])
+@pytest.mark.parametrize("seq", [1, 4, 6, 9, 11, 15, 16, DEMO_EVENTS])
 def test_membership_at_seq_equals_a_fresh_fold_up_to_it(sqlite_url: str, seq: int) -> None:
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
@@ -172,17 +172,17 @@ def test_membership_at_seq_equals_a_fresh_fold_up_to_it(sqlite_url: str, seq: in
 def test_membership_at_differs_from_the_head_where_the_fleet_differed(sqlite_url: str) -> None:
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
-    at_15 = membership_json(sqlite_url, run, "--at", "15")
+    at_6 = membership_json(sqlite_url, run, "--at", "6")
     head = membership_json(sqlite_url, run)
-    assert (at_15["epoch"], at_15["absent"], at_15["shards"]["2"]["state"]) == (1, [2], "DEAD")
+    assert (at_6["epoch"], at_6["absent"], at_6["shards"]["2"]["state"]) == (1, [2], "DEAD")
     assert (head["epoch"], head["absent"], head["shards"]["2"]["state"]) == (4, [1], "HEALTHY")
 
 
 def test_membership_table_output(sqlite_url: str) -> None:
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
-    out = invoke("membership", run, "--at", "15", "--db", sqlite_url).stdout
-    assert f"run {run} at seq 15 (" in out
+    out = invoke("membership", run, "--at", "6", "--db", sqlite_url).stdout
+    assert f"run {run} at seq 6 (" in out
     assert "epoch 1, serving [0, 1, 3], absent [2], suspected []" in out
     assert re.search(r"│\s*2\s*│\s*DEAD\s*│", out)
 
@@ -301,7 +301,7 @@ def test_runs_table_shows_whole_run_ids_at_80_columns(sqlite_url: str) -> None:
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
     table = invoke("runs", "--db", sqlite_url, env={"COLUMNS": "80"}).stdout
-    assert re.search(rf"│ {re.escape(run)}\s*│ 31\s*│", table), table
+    assert re.search(rf"│ {re.escape(run)}\s*│ 19\s*│", table), table
 
 
 # ── migrate ────────────────────────────────────────────────────────────────────

@@ -92,6 +92,7 @@ def test_observations_are_the_events_with_no_history_entry_of_their_own() -> Non
         "ProbeSucceeded",
         "ProbeFailed",
         "ActorDeathConfirmed",
+        "ProbeRound",
         "OutcomeWindowReported",
         "ProgressReported",
     }

@@ -538,11 +538,12 @@ def test_explain_text_at_an_earlier_seq_and_at_the_head(ledger_with_snapshots: s
     url = ledger_with_snapshots
     head = run_cli("explain", RUN, "1", "--db", url)
     assert head.exit_code == 0
-    assert "shard 1 is DEAD since seq 11: condemned as the silent participant" in head.stdout
-    earlier = run_cli("explain", RUN, "1", "--at", "7", "--db", url)
+    assert "shard 1 is DEAD since seq 9: condemned as the silent participant" in head.stdout
+    # Seq 6 is the probe round (one event for the three shards): the failure cites it.
+    earlier = run_cli("explain", RUN, "1", "--at", "6", "--db", url)
     assert earlier.exit_code == 0
-    assert earlier.stdout.startswith(f"run {RUN}, as of seq 7 (")
-    assert "shard 1 is SUSPECT since seq 7: a probe failed (seq 7: timeout: no answer)" in (
+    assert earlier.stdout.startswith(f"run {RUN}, as of seq 6 (")
+    assert "shard 1 is SUSPECT since seq 6: a probe failed (seq 6: timeout: no answer)" in (
         earlier.stdout
     )
 
@@ -564,7 +565,7 @@ def test_explain_refuses_a_seq_outside_the_run_and_an_unknown_run(
     outside = run_cli("explain", RUN, "--at", "99", "--db", url)
     assert outside.exit_code == 2
     assert outside.stderr.strip() == (
-        f"fleetledger: error: run '{RUN}' has seqs 1..18; --at 99 is outside it"
+        f"fleetledger: error: run '{RUN}' has seqs 1..15; --at 99 is outside it"
     )
     unknown = run_cli("explain", "nope", "--db", url)
     assert unknown.exit_code == 2

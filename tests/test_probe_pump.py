@@ -1,4 +1,4 @@
-"""The probe pump's round: only serving shards, one batch, nothing dropped.
+"""The probe pump's round: only serving shards, one ``probe_round`` event, nothing dropped.
 
 The prober here is a scripted implementation of the ``Prober`` protocol (what a round
 saw is the input under test); the real Ray prober is exercised in test_chaos_ray.py.
@@ -26,11 +26,15 @@ class ScriptedProber:
         self.script = list(script)
         self.asked: list[tuple[int, ...]] = []
         self.timeouts: list[float] = []
+        self.deep: list[bool] = []
 
-    def probe(self, shards: Iterable[int], timeout_s: float) -> Mapping[int, ProbeResult]:
+    def probe(
+        self, shards: Iterable[int], timeout_s: float, *, deep: bool = False
+    ) -> Mapping[int, ProbeResult]:
         shards = tuple(shards)
         self.asked.append(shards)
         self.timeouts.append(timeout_s)
+        self.deep.append(deep)
         answers = self.script.pop(0) if self.script else {}
         return {s: answers.get(s, ProbeResult.ok()) for s in shards}
 
@@ -47,19 +51,30 @@ def ledger(sqlite_url):
     log.close()
 
 
-def test_a_round_is_one_batch_in_shard_order(ledger):
-    prober = ScriptedProber([{1: TIMEOUT}])
+def test_a_round_is_one_event_holding_every_result_in_shard_order(ledger):
+    prober = ScriptedProber([{1: TIMEOUT, 2: DIED}])
     pump = ProbePump(ledger, prober, HEALTH)
     probe_round = pump.probe_round()
     assert prober.asked == [(0, 1, 2)] and prober.timeouts == [0.25]
-    stored = list(ledger.log.read("r", 1))
-    assert [(r.seq, r.event.type, r.event.shard) for r in stored] == [
-        (2, "probe_succeeded", 0),
-        (3, "probe_failed", 1),
-        (4, "probe_succeeded", 2),
+    (stored,) = list(ledger.log.read("r", 1))
+    assert (stored.seq, stored.event.type) == (2, "probe_round")
+    assert stored.event.ok == (0,)
+    assert [(f.shard, f.kind, f.error) for f in stored.event.failed] == [
+        (1, "timeout", "no answer")
     ]
-    assert len({r.at_us for r in stored}) == 1  # one transaction, one stamp
-    assert [(t.shard, t.after) for t in probe_round.transitions] == [(1, ShardState.SUSPECT)]
+    assert [(d.shard, d.error) for d in stored.event.died] == [(2, "ActorDiedError: gone")]
+    # Both transitions cite the round's seq, in shard order.
+    assert [(t.seq, t.shard, t.after) for t in probe_round.transitions] == [
+        (2, 1, ShardState.SUSPECT),
+        (2, 2, ShardState.DEAD),
+    ]
+
+
+def test_the_round_asks_the_prober_for_the_configured_depth(ledger):
+    prober = ScriptedProber([])
+    ProbePump(ledger, prober, HEALTH.model_copy(update={"deep_probe": True})).probe_round()
+    ProbePump(ledger, prober, HEALTH).probe_round()
+    assert prober.deep == [True, False]
 
 
 def test_a_death_is_conclusive_and_the_dead_are_not_probed_again(ledger):
@@ -85,17 +100,18 @@ def test_threshold_timeouts_condemn_in_exactly_that_many_rounds(ledger):
 
 def test_a_prober_that_drops_a_shard_records_a_failed_probe(ledger):
     class Forgetful(ScriptedProber):
-        def probe(self, shards, timeout_s):
+        def probe(self, shards, timeout_s, *, deep=False):
             return {s: OK for s in shards if s != 1}
 
     ProbePump(ledger, Forgetful([]), HEALTH).probe_round()
-    (failed,) = [r.event for r in ledger.log.read("r", 1) if r.event.type == "probe_failed"]
+    (recorded,) = list(ledger.log.read("r", 1))
+    (failed,) = recorded.event.failed
     assert failed.shard == 1 and "no result" in failed.error
 
 
 def test_a_prober_that_answers_for_strangers_is_refused(ledger):
     class Chatty(ScriptedProber):
-        def probe(self, shards, timeout_s):
+        def probe(self, shards, timeout_s, *, deep=False):
             return {**{s: OK for s in shards}, 7: OK}
 
     with pytest.raises(ValueError, match="not asked about"):

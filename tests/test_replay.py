@@ -61,7 +61,7 @@ from tests.cli_support import invoke, run_cli, run_with_a_terminal
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
 DEMO_RUN = "demo-under-test"
-DEMO_EVENTS = 31
+DEMO_EVENTS = 19
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 
 
@@ -155,38 +155,38 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
     row(1, "", "epoch 0", "serving [0,1,2,3] · absent [] · world 10: trainer 0–1, shard 0 2–3, "
         "shard 1 4–5, shard 2 6–7, shard 3 8–9")  # fmt: skip
     row(3, "", "refit v1 completed", "seq 2→3, ")
-    row(6, "2", "HEALTHY → SUSPECT", "failed probe: timeout: no answer within "
-        "probe_timeout_s=2 [evidence: seq 6]")  # fmt: skip
-    # Shard 2's probes are the 3rd of each round of 4 probes: seqs 6, 10 and 14.
+    row(4, "2", "HEALTHY → SUSPECT", "failed probe: timeout: no answer within "
+        "probe_timeout_s=2 [evidence: seq 4]")  # fmt: skip
+    # Each probe round is one event: shard 2's three timeouts are the rounds at 4, 5, 6.
     dead = (
         "3 consecutive failed probes ≥ unhealthy_threshold 3 "
-        "(last: timeout: no answer within probe_timeout_s=2) [evidence: seq 6, 10, 14]"
+        "(last: timeout: no answer within probe_timeout_s=2) [evidence: seq 4, 5, 6]"
     )
-    row(14, "2", "SUSPECT → DEAD", dead)
-    row(14, "", "epoch 1", "serving [0,1,3] · absent [2] · world 8: trainer 0–1, shard 0 2–3, "
+    row(6, "2", "SUSPECT → DEAD", dead)
+    row(6, "", "epoch 1", "serving [0,1,3] · absent [2] · world 8: trainer 0–1, shard 0 2–3, "
         "shard 1 4–5, shard 3 6–7")  # fmt: skip
-    row(17, "2", "restart requested", "")
-    row(17, "2", "DEAD → RESTARTING", "restart requested (attempt 1 of 5) [evidence: seq 17]")
-    row(18, "2", "restart loaded", "http://127.0.0.1:8012/v1")
-    row(18, "2", "RESTARTING → STALE", "replacement loaded; it holds start-up weights")
-    row(20, "2", "STALE → HEALTHY", "refit completed at weight version 2 [evidence: seq 20]")
-    row(22, "1", "HEALTHY → SUSPECT", "failed probe: error: HTTP 503")
-    row(26, "", "refit v3 aborted", "seq 25→26, ")
+    row(8, "2", "restart requested", "")
+    row(8, "2", "DEAD → RESTARTING", "restart requested (attempt 1 of 5) [evidence: seq 8]")
+    row(9, "2", "restart loaded", "http://127.0.0.1:8012/v1")
+    row(9, "2", "RESTARTING → STALE", "replacement loaded; it holds start-up weights")
+    row(11, "2", "STALE → HEALTHY", "refit completed at weight version 2 [evidence: seq 11]")
+    row(12, "1", "HEALTHY → SUSPECT", "failed probe: error: HTTP 503")
+    row(14, "", "refit v3 aborted", "seq 13→14, ")
     assert re.search(
-        r"refit v3 aborted\s+seq 25→26, \d+\.\d{3} s, shards \[0,1,2,3\]; broadcast did not "
+        r"refit v3 aborted\s+seq 13→14, \d+\.\d{3} s, shards \[0,1,2,3\]; broadcast did not "
         r"finish within refit_timeout_s=30$",
         out,
         flags=re.MULTILINE,
     )
-    row(27, "", "weights partial", "refit at weight version 3 aborted; shards [0,1,2,3]")
-    row(27, "1", "SUSPECT → STALE", "weights partial: refit at version 3 aborted")
-    row(27, "", "epoch 3", "serving [] · absent [] · world 10")
-    row(28, "1", "condemned", "the only SUSPECT shard when refit 3 aborted")
-    row(28, "1", "STALE → DEAD", "condemned as the silent participant: the only SUSPECT shard")
-    row(30, "", "refit v3 completed", "seq 29→30, ")
-    row(30, "", "epoch 4", "serving [0,2,3] · absent [1] · world 8: trainer 0–1, shard 0 2–3, "
+    row(15, "", "weights partial", "refit at weight version 3 aborted; shards [0,1,2,3]")
+    row(15, "1", "SUSPECT → STALE", "weights partial: refit at version 3 aborted")
+    row(15, "", "epoch 3", "serving [] · absent [] · world 10")
+    row(16, "1", "condemned", "the only SUSPECT shard when refit 3 aborted")
+    row(16, "1", "STALE → DEAD", "condemned as the silent participant: the only SUSPECT shard")
+    row(18, "", "refit v3 completed", "seq 17→18, ")
+    row(18, "", "epoch 4", "serving [0,2,3] · absent [1] · world 8: trainer 0–1, shard 0 2–3, "
         "shard 2 4–5, shard 3 6–7")  # fmt: skip
-    assert re.match(r"^\S+ \S+\s+31\s+run ended \(completed\)\s+demo script finished$", rows[-1])
+    assert re.match(r"^\S+ \S+\s+19\s+run ended \(completed\)\s+demo script finished$", rows[-1])
 
 
 def test_replay_json_lines_equal_the_history_projection(demo_url: str) -> None:
@@ -197,12 +197,12 @@ def test_replay_json_lines_equal_the_history_projection(demo_url: str) -> None:
     aborted = [d for d in docs if d["kind"] == "refit" and d["outcome"] == "aborted"]
     assert len(aborted) == 1
     assert aborted[0]["reason"] == "broadcast did not finish within refit_timeout_s=30"
-    assert (aborted[0]["started_seq"], aborted[0]["seq"]) == (25, 26)
+    assert (aborted[0]["started_seq"], aborted[0]["seq"]) == (13, 14)
     assert aborted[0]["participants"] == [0, 1, 2, 3]
     dead = [d for d in docs if d["kind"] == "transition" and d["after"] == "DEAD"]
     assert [(d["seq"], d["shard"], d["evidence"]) for d in dead] == [
-        (14, 2, [6, 10, 14]),
-        (28, 1, [28]),
+        (6, 2, [4, 5, 6]),
+        (16, 1, [16]),
     ]
 
 
@@ -241,28 +241,28 @@ def test_replay_from_is_the_full_replay_from_that_seq(demo_sqlite: str) -> None:
         assert replay_json(demo_sqlite, DEMO_RUN, "--from", str(start)) == [
             d for d in full if d["seq"] >= start
         ], f"--from {start}"
-    # Seq 26 aborts the refit opened at 25: its start and duration survive the cut.
-    cut = replay_json(demo_sqlite, DEMO_RUN, "--from", "26")
-    assert cut[0]["kind"] == "refit" and cut[0]["started_seq"] == 25
+    # Seq 14 aborts the refit opened at 13: its start and duration survive the cut.
+    cut = replay_json(demo_sqlite, DEMO_RUN, "--from", "14")
+    assert cut[0]["kind"] == "refit" and cut[0]["started_seq"] == 13
     assert (
         cut[0]["started_at"]
-        == next(d for d in full if d["kind"] == "refit" and d["seq"] == 26)["started_at"]
+        == next(d for d in full if d["kind"] == "refit" and d["seq"] == 14)["started_at"]
     )
 
 
 def test_replay_to_and_until_stop_where_a_truncated_log_stops(demo_sqlite: str) -> None:
     times = stored_times(demo_sqlite, DEMO_RUN)
-    for to in (1, 2, 14, 25, 26, DEMO_EVENTS):
+    for to in (1, 2, 6, 13, 14, DEMO_EVENTS):
         expected = as_docs(expected_entries(demo_sqlite, DEMO_RUN, to))
         assert replay_json(demo_sqlite, DEMO_RUN, "--to", str(to)) == expected, f"--to {to}"
-    # Seq 25 opened refit v3: a replay stopped there shows it as still open.
-    open_refit = replay_json(demo_sqlite, DEMO_RUN, "--to", "25")[-1]
+    # Seq 13 opened refit v3: a replay stopped there shows it as still open.
+    open_refit = replay_json(demo_sqlite, DEMO_RUN, "--to", "13")[-1]
     assert (open_refit["kind"], open_refit["outcome"], open_refit["started_seq"]) == (
         "refit",
         "open",
-        25,
+        13,
     )
-    for seq in (1, 14, 20, 30):
+    for seq in (1, 6, 11, 18):
         for at in (times[seq - 1], times[seq - 1] + 1, times[seq] - 1):
             last = last_seq_at(times, at)
             expected = as_docs(expected_entries(demo_sqlite, DEMO_RUN, last))
@@ -270,10 +270,10 @@ def test_replay_to_and_until_stop_where_a_truncated_log_stops(demo_sqlite: str) 
                 until = iso(at, offset)
                 assert replay_json(demo_sqlite, DEMO_RUN, "--until", until) == expected, until
     # With --from as well: the window between the two.
-    window = replay_json(demo_sqlite, DEMO_RUN, "--from", "14", "--until", iso(times[19]))
-    full = as_docs(expected_entries(demo_sqlite, DEMO_RUN, last_seq_at(times, times[19])))
-    assert window == [d for d in full if d["seq"] >= 14]
-    assert window[0]["seq"] == 14 and window[-1]["seq"] == 20
+    window = replay_json(demo_sqlite, DEMO_RUN, "--from", "6", "--until", iso(times[10]))
+    full = as_docs(expected_entries(demo_sqlite, DEMO_RUN, last_seq_at(times, times[10])))
+    assert window == [d for d in full if d["seq"] >= 6]
+    assert window[0]["seq"] == 6 and window[-1]["seq"] == 11
 
 
 @pytest.mark.parametrize("shard", [0, 1, 2, 3])
@@ -313,10 +313,10 @@ def test_replay_errors_are_one_line_and_status_2(demo_sqlite: str) -> None:
     before = fails("replay", DEMO_RUN, "--until", iso(times[0] - 1), *db)
     assert f"run {DEMO_RUN!r} began at" in before and "before its first event" in before
     assert "valid shards 0..3" in fails("replay", DEMO_RUN, "--shard", "4", *db)
-    assert "cannot start at seq 32" in fails("replay", DEMO_RUN, "--from", "32", *db)
+    assert "cannot start at seq 20" in fails("replay", DEMO_RUN, "--from", "20", *db)
     assert "cannot start at seq 0" in fails("replay", DEMO_RUN, "--from", "0", *db)
     assert "cannot stop at seq 40" in fails("replay", DEMO_RUN, "--to", "40", *db)
-    assert "empty range" in fails("replay", DEMO_RUN, "--from", "20", "--to", "10", *db)
+    assert "empty range" in fails("replay", DEMO_RUN, "--from", "12", "--to", "10", *db)
     assert "no run 'nope'" in fails("replay", "nope", *db)
 
 
@@ -626,6 +626,6 @@ def test_membership_at_time_errors(demo_sqlite: str) -> None:
     assert "is not a seq (an integer) or an ISO 8601 time" in bad
     before = fails("membership", DEMO_RUN, "--at", iso(times[0] - 1_000_000), *db)
     assert "before its first event" in before and DEMO_RUN in before
-    assert "has seqs 1..31" in fails("membership", DEMO_RUN, "--at", "32", *db)
+    assert "has seqs 1..19" in fails("membership", DEMO_RUN, "--at", "20", *db)
     # After the last event: the head.
     assert membership_at(demo_sqlite, DEMO_RUN, iso(times[-1] + 10**9))["seq"] == DEMO_EVENTS

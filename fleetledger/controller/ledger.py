@@ -26,7 +26,10 @@ from fleetledger.events.models import (
     FleetConfig,
     FleetExhausted,
     OutcomeWindowReported,
+    ProbeDeath,
     ProbeFailed,
+    ProbeFailure,
+    ProbeRound,
     ProbeSucceeded,
     ProgressReported,
     RefitAborted,
@@ -69,11 +72,31 @@ class ProbeResult:
         return cls("ok", incarnation=incarnation)
 
     def as_event(self, shard: int) -> Event:
+        """This result as its own event: the per-shard shape older ledgers hold (the
+        ledger records whole rounds, :func:`round_event`)."""
         if self.kind == "ok":
             return ProbeSucceeded(shard=shard)
         if self.kind == "died":
             return ActorDeathConfirmed(shard=shard, error=self.error)
         return ProbeFailed(shard=shard, kind=self.kind, error=self.error)
+
+
+def round_event(results: Mapping[int, ProbeResult]) -> ProbeRound:
+    """A probe round's results as the one event that records them, in shard order."""
+    ok: list[int] = []
+    failed: list[ProbeFailure] = []
+    died: list[ProbeDeath] = []
+    for shard in sorted(results):
+        result = results[shard]
+        if result.kind == "ok":
+            ok.append(shard)
+        elif result.kind == "died":
+            died.append(ProbeDeath(shard=shard, error=clip_text(result.error)))
+        else:
+            failed.append(
+                ProbeFailure(shard=shard, kind=result.kind, error=clip_text(result.error))
+            )
+    return ProbeRound(ok=tuple(ok), failed=tuple(failed), died=tuple(died))
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +263,9 @@ class Ledger:
     # ── reports ─────────────────────────────────────────────────────────────
 
     def record_probes(self, results: Mapping[int, ProbeResult]) -> list[Transition]:
-        """A whole probe round, as one batch, in shard order; a result obtained through a
-        replaced actor's handle (an older incarnation) is dropped, with a log line."""
+        """A whole probe round, as one ``probe_round`` event (its results in shard order);
+        a result obtained through a replaced actor's handle (an older incarnation) is
+        dropped, with a log line."""
         with self._lock:
             if any(r.incarnation is not None for r in results.values()):
                 self.catch_up()  # a restart recorded elsewhere moves the incarnation too
@@ -252,7 +276,7 @@ class Ledger:
             }
             if not fresh:
                 return []
-            return self.record([fresh[shard].as_event(shard) for shard in sorted(fresh)])
+            return self.record([round_event(fresh)])
 
     def actor_died(
         self, shard: int, error: str, *, incarnation: int | None = None

@@ -18,6 +18,7 @@ Rules of this module:
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, model_validator
@@ -153,6 +154,77 @@ class ActorDeathConfirmed(Event):
     type: Literal["actor_death_confirmed"] = "actor_death_confirmed"
     shard: ShardIndex
     error: str = Field(default="", max_length=MAX_TEXT)
+
+
+class ProbeFailure(BaseModel):
+    """One shard's failed probe inside a round: what ``probe_failed`` held."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shard: ShardIndex
+    kind: Literal["timeout", "error"]
+    error: str = Field(default="", max_length=MAX_TEXT)
+
+
+class ProbeDeath(BaseModel):
+    """One shard whose probe met a confirmed actor death: what ``actor_death_confirmed``
+    held when a probe saw it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shard: ShardIndex
+    error: str = Field(default="", max_length=MAX_TEXT)
+
+
+class ProbeRound(Event):
+    """One probe round: every probed shard's result, in one event.
+
+    The probe pump probes every serving shard at once; one event per shard made a
+    healthy 256-shard fleet write 256 rows every interval, each carrying its own id
+    and row overhead for a three-field fact. A round is one row: ``ok`` lists the
+    shards that answered (ascending), ``failed`` and ``died`` the others. The fold
+    applies the results in shard order at the round's seq, exactly as it applies
+    ``probe_succeeded`` / ``probe_failed`` / ``actor_death_confirmed`` events (the
+    per-shard shape of version 1 of the probe record, still read and folded as
+    before), and evidence cites the round's seq.
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    type: Literal["probe_round"] = "probe_round"
+    ok: tuple[ShardIndex, ...] = ()
+    failed: tuple[ProbeFailure, ...] = ()
+    died: tuple[ProbeDeath, ...] = ()
+
+    @model_validator(mode="after")
+    def _each_shard_once_in_order(self) -> ProbeRound:
+        if not (self.ok or self.failed or self.died):
+            raise ValueError("a probe round holds at least one shard's result")
+        for name, shards in (
+            ("ok", self.ok),
+            ("failed", [f.shard for f in self.failed]),
+            ("died", [d.shard for d in self.died]),
+        ):
+            if any(a >= b for a, b in pairwise(shards)):
+                raise ValueError(f"{name} must list shards in ascending order, once each")
+        named = self.shards_named()
+        if len(named) != len(set(named)):
+            twice = sorted({s for s in named if named.count(s) > 1})
+            raise ValueError(f"a round holds one result per shard; shards {twice} have several")
+        return self
+
+    def shards_named(self) -> tuple[int, ...]:
+        return (*self.ok, *(f.shard for f in self.failed), *(d.shard for d in self.died))
+
+    def result_of(self, shard: int) -> ProbeFailure | ProbeDeath | Literal["ok"] | None:
+        """What the round saw of ``shard``: "ok", its failure or death, or None."""
+        for failure in self.failed:
+            if failure.shard == shard:
+                return failure
+        for death in self.died:
+            if death.shard == shard:
+                return death
+        return "ok" if shard in self.ok else None
 
 
 # ── what adapters saw ──────────────────────────────────────────────────────────
@@ -338,6 +410,7 @@ AnyEvent = Annotated[
     | ProbeSucceeded
     | ProbeFailed
     | ActorDeathConfirmed
+    | ProbeRound
     | OutcomeWindowReported
     | RefitStarted
     | RefitCompleted
@@ -363,6 +436,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProbeSucceeded,
         ProbeFailed,
         ActorDeathConfirmed,
+        ProbeRound,
         OutcomeWindowReported,
         RefitStarted,
         RefitCompleted,

@@ -19,7 +19,7 @@ healthy shard with rare blips would otherwise be condemned eventually.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from fleetledger.errors import FleetledgerError
@@ -31,6 +31,7 @@ from fleetledger.events.models import (
     FleetExhausted,
     OutcomeWindowReported,
     ProbeFailed,
+    ProbeRound,
     ProbeSucceeded,
     ProgressReported,
     RecordedEvent,
@@ -57,6 +58,7 @@ from fleetledger.projections.shard_states import (
     Signal,
     Thresholds,
     Transition,
+    all_healthy_probes_ok,
     healthy_probe_ok,
     step,
 )
@@ -219,11 +221,51 @@ class FleetView:
             if serving != self.last_serving:
                 self.last_serving = serving
                 self.epoch += 1
-            absent = frozenset(self.absent)
-            if absent != self.last_absent:
-                self.last_absent = absent
-                self.absent_generation += 1
+            self._note_membership()
         return transitions
+
+    def _note_membership(self) -> None:
+        """Move the epoch / absent generation if the serving / absent set changed."""
+        serving = frozenset(self.serving)
+        if serving != self.last_serving:
+            self.last_serving = serving
+            self.epoch += 1
+        absent = frozenset(self.absent)
+        if absent != self.last_absent:
+            self.last_absent = absent
+            self.absent_generation += 1
+
+    def apply_page(
+        self, page: Sequence[RecordedEvent]
+    ) -> Iterator[tuple[RecordedEvent, list[Transition], int]]:
+        """Fold a page of events; yields every event but the quiet observations, with the
+        state changes it caused and the epoch before it.
+
+        A quiet observation is the bulk of a long run: a successful probe (alone, or a
+        round of nothing but successes) of HEALTHY shards. Its row of ``RULES`` is one
+        unconditional "stay", so it is taken here without a handler, a Signal or a
+        transition list; anything else goes through :meth:`apply`. The view is the same
+        either way (a property test pins it); only what it costs differs.
+        """
+        shards = self.shards
+        count = len(shards)
+        for recorded in page:
+            run, seq, at_us, event = recorded
+            if seq == self.seq + 1 and run == self.run:
+                kind = type(event)
+                if kind is ProbeSucceeded:
+                    shard = event.shard  # type: ignore[attr-defined]
+                    if shard < count and healthy_probe_ok(shards[shard], at_us):
+                        self.seq = seq
+                        self.at_us = at_us
+                        continue
+                elif kind is ProbeRound and not event.failed and not event.died:  # type: ignore[attr-defined]
+                    if all_healthy_probes_ok(shards, event.ok, at_us):  # type: ignore[attr-defined]
+                        self.seq = seq
+                        self.at_us = at_us
+                        continue
+            epoch = self.epoch
+            yield recorded, self.apply(recorded), epoch
 
     def _check_shards(self, seq: int, event: Event, shards: Iterable[int]) -> None:
         """Refuse, before anything changes, an event naming a shard this fleet lacks.
@@ -256,6 +298,33 @@ class FleetView:
 
     def _on_actor_death(self, e: ActorDeathConfirmed, seq: int, at: int) -> list[Transition]:
         return self._signal(e.shard, Signal(Input.ACTOR_DIED, seq, at, text=e.error))
+
+    def _on_probe_round(self, e: ProbeRound, seq: int, at: int) -> list[Transition]:
+        """Each shard's result in shard order, at the round's seq, as its own event had it.
+
+        The epoch and the absent generation move once per result that changes their set,
+        as they did when each result was an event: a log written with rounds and one
+        written with per-shard events fold to the same membership numbers.
+        """
+        self._check_shards(seq, e, e.shards_named())
+        results: list[tuple[int, Signal | None]] = [(shard, None) for shard in e.ok]
+        for f in e.failed:
+            text = f"{f.kind}: {f.error}" if f.error else f.kind
+            results.append((f.shard, Signal(Input.PROBE_FAILED, seq, at, text=text)))
+        for d in e.died:
+            results.append((d.shard, Signal(Input.ACTOR_DIED, seq, at, text=d.error)))
+        results.sort(key=lambda result: result[0])
+        out: list[Transition] = []
+        for shard, signal in results:
+            if signal is None:
+                if healthy_probe_ok(self.shards[shard], at):
+                    continue
+                signal = Signal(Input.PROBE_OK, seq, at)
+            moved = self._signal(shard, signal)
+            if moved:
+                out += moved
+                self._note_membership()
+        return out
 
     def _on_outcomes(self, e: OutcomeWindowReported, seq: int, at: int) -> list[Transition]:
         self._check_shards(seq, e, e.shards_named())
@@ -350,6 +419,7 @@ _HANDLERS: dict[type[Event], Callable[[FleetView, Event, int, int], list[Transit
     ProbeSucceeded: FleetView._on_probe_ok,
     ProbeFailed: FleetView._on_probe_failed,
     ActorDeathConfirmed: FleetView._on_actor_death,
+    ProbeRound: FleetView._on_probe_round,
     OutcomeWindowReported: FleetView._on_outcomes,
     RefitStarted: FleetView._on_refit_started,
     RefitCompleted: FleetView._on_refit_completed,
@@ -386,3 +456,21 @@ def fold_with_transitions(
 
 def fold(events: Iterable[RecordedEvent], into: FleetView | None = None) -> FleetView:
     return fold_with_transitions(events, into)[0]
+
+
+def fold_pages(
+    pages: Iterable[Sequence[RecordedEvent]], into: FleetView | None = None
+) -> FleetView:
+    """``fold`` of pages of events (as the log reads them), through the quiet fast path."""
+    view = into
+    for page in pages:
+        if not page:
+            continue
+        if view is None:
+            view = FleetView.start(page[0])
+            page = page[1:]
+        for _ in view.apply_page(page):
+            pass
+    if view is None:
+        raise ProjectionError("nothing to fold: a run needs at least its run_started event")
+    return view

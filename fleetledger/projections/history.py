@@ -34,6 +34,7 @@ from fleetledger.events.models import (
     FleetExhausted,
     OutcomeWindowReported,
     ProbeFailed,
+    ProbeRound,
     ProbeSucceeded,
     ProgressReported,
     RecordedEvent,
@@ -251,6 +252,35 @@ class History:
             entries.append(_epoch_entry(view))
         return entries
 
+    def feed_page(self, page: Sequence[RecordedEvent]) -> list[Entry]:
+        """``feed`` of every event of ``page``, in order: the entries they add.
+
+        The view's quiet observations (``FleetView.apply_page``) add nothing, as ``feed``
+        would say of them; every other event is built exactly as ``feed`` builds it.
+        """
+        view = self.view
+        out: list[Entry] = []
+        for recorded, transitions, epoch in view.apply_page(page):
+            event = recorded.event
+            build = ENTRY_BUILDERS.get(type(event))
+            if build is None:
+                raise ProjectionError(
+                    f"run {view.run!r} seq {recorded.seq}: no history rule for {event.type!r}"
+                )
+            if not transitions and build is _OBSERVED:
+                continue
+            entries = build(
+                self,
+                event,
+                recorded.seq,
+                recorded.at_us,
+                [TransitionEntry.of(t) for t in transitions],
+            )
+            if view.epoch != epoch:
+                entries.append(_epoch_entry(view))
+            out += entries
+        return out
+
     # ── what each event adds: (event, seq, at, its transitions) → its entries ──────
 
     def _no_entry_of_its_own(
@@ -387,6 +417,7 @@ ENTRY_BUILDERS: dict[type[Event], EntryBuilder] = {
     ProbeSucceeded: _OBSERVED,
     ProbeFailed: _OBSERVED,
     ActorDeathConfirmed: _OBSERVED,
+    ProbeRound: _OBSERVED,
     OutcomeWindowReported: _OBSERVED,
     ProgressReported: _OBSERVED,
     RefitStarted: History._on_refit_started,

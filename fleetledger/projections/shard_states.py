@@ -19,7 +19,7 @@ Rules of this file:
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -365,6 +365,23 @@ def healthy_probe_ok(r: ShardRecord, at_us: int) -> bool:
     if r.state is not ShardState.HEALTHY:
         return False
     _count_probe_success(r, at_us)
+    return True
+
+
+def all_healthy_probes_ok(shards: Sequence[ShardRecord], ok: Sequence[int], at_us: int) -> bool:
+    """Apply a round of successful probes if every shard in it is HEALTHY (no transition
+    can follow); False, and nothing applied, if one is not or is out of range."""
+    count = len(shards)
+    healthy = ShardState.HEALTHY
+    for shard in ok:
+        if shard >= count or shards[shard].state is not healthy:
+            return False
+    for shard in ok:
+        r = shards[shard]
+        r.probe_failures = 0
+        r.probe_evidence = ()
+        r.probe_successes += 1
+        r.last_ok_at_us = at_us
     return True
 
 

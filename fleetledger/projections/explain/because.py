@@ -21,7 +21,10 @@ from fleetledger.events.models import (
     ActorDeathConfirmed,
     Event,
     OutcomeWindowReported,
+    ProbeDeath,
     ProbeFailed,
+    ProbeFailure,
+    ProbeRound,
     RecordedEvent,
     ReplacementLoaded,
     RestartFailed,
@@ -117,7 +120,9 @@ def _probe_failed(w: Why) -> list[str]:
     kinds: list[str] = []
     for seq in seqs:
         event = w.event(seq)
-        if isinstance(event, ProbeFailed):
+        if isinstance(event, ProbeRound):  # the shard's failure inside the round
+            event = event.result_of(w.shard)
+        if isinstance(event, ProbeFailed | ProbeFailure):
             kind = f"{event.kind}: {event.error}" if event.error else event.kind
             if kind not in kinds:
                 kinds.append(kind)
@@ -134,8 +139,11 @@ def _probe_failed(w: Why) -> list[str]:
 
 
 def _actor_died(w: Why) -> list[str]:
-    event = w.event(w.link.seq)
-    error = event.error if isinstance(event, ActorDeathConfirmed) and event.error else None
+    event: object = w.event(w.link.seq)
+    if isinstance(event, ProbeRound):  # a death a probe round saw
+        event = event.result_of(w.shard)
+    died = isinstance(event, ActorDeathConfirmed | ProbeDeath)
+    error = event.error if died and event.error else None  # type: ignore[attr-defined]
     detail = f": {error}" if error else ""
     return [
         f"the runtime confirmed its actor is gone (seq {w.link.seq}{detail}); a confirmed death "

@@ -23,6 +23,8 @@ from typing import ClassVar
 from fleetledger.events.models import (
     OutcomeWindowReported,
     ProbeFailed,
+    ProbeFailure,
+    ProbeRound,
     ProbeSucceeded,
     RecordedEvent,
     iso_at,
@@ -105,6 +107,12 @@ def tally_span(
             ok += 1
         elif isinstance(event, ProbeFailed) and event.shard == shard:
             failed += 1
+        elif isinstance(event, ProbeRound):
+            result = event.result_of(shard)
+            if result == "ok":
+                ok += 1
+            elif isinstance(result, ProbeFailure):  # a failure, not a death
+                failed += 1
     return SpanTally(shard, first_seq, last_seq, ok, failed)
 
 
@@ -130,7 +138,12 @@ class ProbeTallies:
         # type matter, everything else passes untouched at the cost of three checks.
         for recorded in events:
             event = recorded.event
-            if isinstance(event, ProbeSucceeded):
+            if isinstance(event, ProbeRound):
+                for shard in event.ok:
+                    ok[shard] = ok.get(shard, 0) + 1
+                for failure in event.failed:
+                    failed[failure.shard] = failed.get(failure.shard, 0) + 1
+            elif isinstance(event, ProbeSucceeded):
                 ok[event.shard] = ok.get(event.shard, 0) + 1
             elif isinstance(event, ProbeFailed):
                 failed[event.shard] = failed.get(event.shard, 0) + 1

@@ -22,7 +22,10 @@ from fleetledger.events.models import (
     FailureCount,
     FleetExhausted,
     OutcomeWindowReported,
+    ProbeDeath,
     ProbeFailed,
+    ProbeFailure,
+    ProbeRound,
     ProbeSucceeded,
     ProgressReported,
     RefitAborted,
@@ -95,6 +98,28 @@ def _probe_failed(e: ProbeFailed, shard: int | None) -> str:
 
 def _actor_death(e: ActorDeathConfirmed, shard: int | None) -> str:
     return f"actor death of shard {e.shard} confirmed by the runtime: " + (e.error or "no detail")
+
+
+def _probe_round(e: ProbeRound, shard: int | None) -> str:
+    """About one shard: what its own probe event said; about the round: the counts."""
+    if shard is not None:
+        result = e.result_of(shard)
+        if result == "ok":
+            return f"probe of shard {shard} answered"
+        if isinstance(result, ProbeFailure):
+            detail = f": {result.error}" if result.error else ""
+            return f"probe of shard {shard} failed ({result.kind}{detail})"
+        if isinstance(result, ProbeDeath):
+            return f"actor death of shard {shard} confirmed by the runtime: " + (
+                result.error or "no detail"
+            )
+    parts = [f"{len(e.ok)} answered"]
+    if e.failed:
+        parts.append(f"{len(e.failed)} failed ({shard_list([f.shard for f in e.failed])})")
+    if e.died:
+        parts.append(f"{len(e.died)} confirmed dead ({shard_list([d.shard for d in e.died])})")
+    about = "" if shard is None else f" (no probe of shard {shard})"
+    return f"probe round of {count_of(len(e.shards_named()), 'shard')}: " + ", ".join(parts) + about
 
 
 def _outcomes(e: OutcomeWindowReported, shard: int | None) -> str:
@@ -194,6 +219,7 @@ EVENT_WORDS: dict[type[Event], Callable[[Any, int | None], str]] = {
     ProbeSucceeded: _probe_succeeded,
     ProbeFailed: _probe_failed,
     ActorDeathConfirmed: _actor_death,
+    ProbeRound: _probe_round,
     OutcomeWindowReported: _outcomes,
     RefitStarted: _refit_started,
     RefitCompleted: _refit_completed,
