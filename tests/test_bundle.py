@@ -115,7 +115,7 @@ def test_a_bundle_round_trip_reproduces_the_export_and_the_membership(
         assert (a.pop("run"), b.pop("run")) == (run, "copy")
         assert a == b
 
-    for at in ([], ["--at", "15"], ["--at", "28"]):
+    for at in ([], ["--at", "6"], ["--at", "16"]):
         head = json.loads(invoke("membership", run, "--json", "--db", url, *at).stdout)
         copy = json.loads(invoke("membership", "copy", "--json", "--db", url, *at).stdout)
         assert (head.pop("run"), copy.pop("run")) == (run, "copy")
@@ -149,7 +149,7 @@ def test_a_bundle_holds_the_export_the_config_and_a_summary(
     assert summary["membership"] == membership
     types = Counter(json.loads(line)["type"] for line in exported.decode().splitlines())
     assert summary["events_by_type"] == dict(types)
-    assert summary["events_by_type"]["probe_failed"] == 4
+    assert summary["events_by_type"]["probe_round"] == 4
 
 
 def test_a_bundle_is_recognised_by_content_and_read_from_stdin(
@@ -216,7 +216,7 @@ def test_a_wrong_event_count_is_refused(bundled: tuple[str, str, Path], tmp_path
         tmp_path / "count.zip", edit_manifest(members(path), events=DEMO_EVENTS + 1)
     )
     assert_refused_and_unchanged(
-        url, wrong, f"{EVENTS} holds {DEMO_EVENTS} event lines, but {MANIFEST} says 32"
+        url, wrong, f"{EVENTS} holds {DEMO_EVENTS} event lines, but {MANIFEST} says {DEMO_EVENTS + 1}"
     )
 
 
@@ -316,14 +316,14 @@ def test_a_bad_event_line_with_a_consistent_manifest_is_refused_by_line(
     contents = members(path)
     lines = contents[EVENTS].decode().splitlines(keepends=True)
     line = json.loads(lines[5])
-    line["data"]["shard"] = 99
+    line["data"]["ok"] = [0, 1, 99]  # seq 6 is the demo's third probe round
     lines[5] = json.dumps(line, separators=(",", ":")) + "\n"
     events = "".join(lines).encode()
     rebuilt = edit_manifest({**contents, EVENTS: events}, events_sha256=sha256(events))
     assert_refused_and_unchanged(
         url,
         write_members(tmp_path / "rebuilt.zip", rebuilt),
-        f"{EVENTS} line 6: probe_failed: shard 99 is out of range",
+        f"{EVENTS} line 6: probe_round: shard 99 is out of range",
     )
 
 
@@ -341,7 +341,7 @@ def test_a_config_or_summary_that_disagrees_with_the_events_is_refused(
         f"{CONFIG} differs from the configuration in the run's run_started event",
     )
     summary = json.loads(contents[SUMMARY])
-    summary["events_by_type"]["probe_failed"] = 3
+    summary["events_by_type"]["probe_round"] = 3
     wrong_summary = {**contents, SUMMARY: json.dumps(summary).encode()}
     assert_refused_and_unchanged(
         url, write_members(tmp_path / "summary.zip", wrong_summary), f"{SUMMARY} counts events"

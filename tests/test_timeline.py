@@ -375,8 +375,8 @@ def test_png_of_the_demo_run_is_a_valid_picture(sqlite_url: str, tmp_path: Path)
     run = demo_run(sqlite_url)
     target = tmp_path / "demo.png"
     result = timeline(run, "-o", str(target), "--db", sqlite_url)
-    assert result.stdout.startswith(f"wrote {target} (PNG, 4 shards, 31 events, 4 refits)")
-    assert "run completed at seq 31: demo script finished" in result.stdout
+    assert result.stdout.startswith(f"wrote {target} (PNG, 4 shards, 19 events, 4 refits)")
+    assert "run completed at seq 19: demo script finished" in result.stdout
     width, height = png_size(target)
     assert 1000 <= width <= 2000 and 300 <= height <= 1200, (width, height)
     assert 10_000 < target.stat().st_size < 400_000
@@ -499,7 +499,7 @@ def test_html_of_the_demo_run_by_seq(sqlite_url: str, tmp_path: Path) -> None:
     assert_offline(document, page)
     assert len(page.with_class("g", "lane")) == 4
     assert "seq (event number in the run)" in " ".join(page.text)
-    assert "run completed at seq 31: demo script finished" in " ".join(page.text)
+    assert "run completed at seq 19: demo script finished" in " ".join(page.text)
 
 
 @pytest.mark.parametrize("name", ["run.jpg", "run.svg", "run"])

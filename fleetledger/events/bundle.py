@@ -173,7 +173,7 @@ def write_bundle(
 
     def counted() -> Iterator[list[StoredRow]]:
         for page in pages:
-            counts.update(row[2] for row in page)
+            counts.update(row[3] for row in page)
             yield page
 
     digest = hashlib.sha256()

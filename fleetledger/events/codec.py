@@ -37,8 +37,32 @@ Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
-# One row of the events table as read: (seq, at_us, type, schema_version, payload).
-StoredRow = tuple[int, int, str, int, str]
+# One row of the events table as read: (seq, at_us, event_id, type, schema_version, payload).
+StoredRow = tuple[int, int, str, str, int, str]
+# Distinct payloads a codec keeps decoded (see ``EventCodec.decode_rows``): a long run
+# repeats a handful (a probe of each shard, a healthy round); a run of all-distinct
+# payloads (adapter windows) empties it when full and decodes them one by one.
+TEMPLATE_CACHE_SIZE = 4096
+_ID_OPENING = '{"id":"'
+# The row type and version a cached payload was read as, and its event without an id.
+_Template = tuple[str, int, Event]
+
+
+def _with_id(event: Event, event_id: str) -> Event:
+    """A copy of a validated ``event`` with another id: what ``model_copy`` does, without
+    its per-call overhead (a replay makes one per row)."""
+    copy = object.__new__(type(event))
+    object.__setattr__(copy, "__dict__", {**event.__dict__, "id": event_id})
+    object.__setattr__(copy, "__pydantic_fields_set__", event.__pydantic_fields_set__)
+    object.__setattr__(copy, "__pydantic_extra__", None)
+    object.__setattr__(copy, "__pydantic_private__", None)
+    return copy
+
+
+def _without_id(event: Event) -> Event:
+    """``event`` with an empty id: what a fold reads (see ``EventCodec.decode_rows``)."""
+    return _with_id(event, "")
+
 
 # The deepest nesting an imported document may have. An event line is an object (1)
 # holding ``data`` (2); a run_started's config (3) holds the free-form ``settings`` (4):
@@ -166,6 +190,9 @@ class EventCodec:
     ) -> None:
         self._types = dict(types)
         self._upcasters = dict(upcasters)
+        self._templates: dict[
+            tuple[str, int, str], tuple[type[Event], dict[str, Any], set[str]]
+        ] = {}
 
     @property
     def types(self) -> Mapping[str, type[Event]]:
@@ -249,25 +276,77 @@ class EventCodec:
         fields = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         return f"a {type_!r} event with other {', '.join(fields) or 'content'}"
 
-    def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
-        """Decode a page of rows; rows at their type's current version take a fast path.
+    def decode_rows(
+        self, run: str, rows: Sequence[StoredRow], *, ids: bool = True
+    ) -> list[RecordedEvent]:
+        """Decode a page of rows, validating each distinct payload once.
 
-        Any row the fast path cannot take is decoded on its own, which names its seq.
+        Validation is complete where data enters (``append`` encodes a validated event;
+        an import decodes every line through :meth:`decode`); a stored row is read back
+        as what was validated. Most rows of a long run repeat a payload but for its id
+        (the same shard answered again, the same healthy round), so the id comes from
+        the row's ``event_id`` column and the rest of the payload is the key of a cache
+        of validated events. A payload that does not open with the row's own id
+        (written by other code, or damaged) is decoded on its own through
+        :meth:`decode`, which names its seq when it fails.
+
+        ``ids=False`` is for folds, which read what an event says and never its id:
+        every row of a repeated payload then gets one shared event whose ``id`` is empty
+        (a repeat costs a dictionary lookup), and the log refuses to append such an
+        event, so a fold's events cannot be written back as if they were the rows'.
+        With ``ids=True`` each row gets its own copy carrying the row's id.
         """
-        types = self._types
+        templates = self._templates
         out: list[RecordedEvent] = []
         append = out.append
+        new = object.__new__
+        put = object.__setattr__
+        recorded = tuple.__new__  # RecordedEvent's own __new__ is a Python function
         with cyclic_gc_paused():
-            for seq, at_us, type_, version, payload in rows:
-                cls = types.get(type_)
-                event: Event | None = None
-                if cls is not None and version == cls.SCHEMA_VERSION:
-                    try:
-                        # The model's literal ``type`` field rejects a payload of another type.
-                        event = cls.__pydantic_validator__.validate_json(payload)
-                    except ValidationError:
-                        event = None
-                if event is None:
-                    event = self.decode(run, seq, type_, version, payload)
-                append(RecordedEvent(run, seq, at_us, event))
+            for seq, at_us, event_id, type_, version, payload in rows:
+                if payload.startswith(_ID_OPENING) and payload.startswith(event_id, 7):
+                    rest = payload[len(event_id) + 7 :]
+                    template = templates.get(rest)
+                    if template is None or template[0] != type_ or template[1] != version:
+                        first = self._first_of(run, seq, event_id, type_, version, payload)
+                        if len(templates) >= TEMPLATE_CACHE_SIZE:
+                            templates.clear()
+                        template = templates[rest] = (type_, version, _without_id(first))
+                    content = template[2]
+                    if ids:
+                        # A copy of the validated event with the row's id: what
+                        # ``model_copy`` does, without its per-call overhead.
+                        event = new(type(content))
+                        put(event, "__dict__", {**content.__dict__, "id": event_id})
+                        put(event, "__pydantic_fields_set__", content.__pydantic_fields_set__)
+                        put(event, "__pydantic_extra__", None)
+                        put(event, "__pydantic_private__", None)
+                    else:
+                        event = content
+                else:
+                    event = self._first_of(run, seq, event_id, type_, version, payload)
+                    if not ids:
+                        event = _without_id(event)
+                append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
+
+    def _first_of(
+        self, run: str, seq: int, event_id: str, type_: str, version: int, payload: str
+    ) -> Event:
+        """Decode a payload the cache has not seen, validating it whole; its id must be
+        the row's (an import refuses a line whose id differs, so only damage gets here)."""
+        cls = self._types.get(type_)
+        event: Event | None = None
+        if cls is not None and version == cls.SCHEMA_VERSION:
+            try:
+                # The model's literal ``type`` field rejects a payload of another type.
+                event = cls.__pydantic_validator__.validate_json(payload)
+            except ValidationError:
+                event = None
+        if event is None:
+            event = self.decode(run, seq, type_, version, payload)
+        if event.id != event_id:
+            raise EventDecodeError(
+                run, seq, f"payload id {cut(event.id)!r} is not the row's id {event_id!r}"
+            )
+        return event

@@ -47,9 +47,9 @@ READ_CHUNK = 1 << 20
 def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
     """The run's stored rows as export lines (no trailing newline)."""
     for page in pages:
-        for seq, at_us, type_, version, stored in page:
+        for seq, at_us, event_id, type_, version, stored in page:
             payload = json.loads(stored)
-            event_id = payload.pop("id")
+            payload.pop("id", None)  # the row's id is the event's (checked on the way in)
             payload.pop("type", None)
             yield json.dumps(
                 {

@@ -194,6 +194,10 @@ class EventLog:
                 type_, version, payload = self.codec.encode(event)
             except TypeError as exc:
                 raise AppendRejected(run, str(exc), index=index) from None
+            if not event.id:  # a fold's event (``read_pages(ids=False)``), not a row's
+                raise AppendRejected(
+                    run, f"a {event.type} event without an id cannot be appended", index=index
+                )
             if event.id in seen:
                 raise AppendRejected(run, f"event id {event.id} appears twice", index=index)
             seen.add(event.id)
@@ -288,7 +292,7 @@ class EventLog:
             row = fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
             if row is None:
                 raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
-            _seq, _at_us, type_, version, payload = row
+            _seq, _at_us, _event_id, type_, version, payload = row
             started = self.codec.decode(run, 1, type_, version, payload)
             if not isinstance(started, RunStarted):
                 raise EventDecodeError(run, 1, f"the first event is {type_!r}, not run_started")
@@ -345,8 +349,8 @@ class EventLog:
     ) -> Iterator[list[StoredRow]]:
         """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
 
-        Rows are plain ``(seq, at_us, type, schema_version, payload)`` tuples, the shape
-        of ``StoredRow``; seqs are immutable once committed, so pages read in separate
+        Rows are plain ``(seq, at_us, event_id, type, schema_version, payload)`` tuples,
+        the shape of ``StoredRow``; seqs are immutable once committed, so pages read in separate
         statements still form one consistent prefix of the run.
         """
         # A caller that names ``to_seq`` knows the head already (a reader looks it up
@@ -405,10 +409,12 @@ class EventLog:
             yield from self.codec.decode_rows(run, page)
 
     def read_pages(
-        self, run: str, after_seq: int = 0, to_seq: int | None = None
+        self, run: str, after_seq: int = 0, to_seq: int | None = None, *, ids: bool = True
     ) -> Iterator[list[RecordedEvent]]:
+        """``read`` a page at a time; ``ids=False``: for a fold, events without their ids,
+        one shared event per repeated payload (``EventCodec.decode_rows``)."""
         for page in self.read_stored(run, after_seq, to_seq):
-            yield self.codec.decode_rows(run, page)
+            yield self.codec.decode_rows(run, page, ids=ids)
 
     def seq_at(self, run: str, at_us: int, *, head: RunHead | None = None) -> int:
         """The last seq of ``run`` whose stored time is at or before ``at_us``.

@@ -74,6 +74,7 @@ class Statements:
             select(
                 events.c.seq,
                 events.c.at_us,
+                events.c.event_id,
                 events.c.type,
                 events.c.schema_version,
                 events.c.payload,

@@ -60,6 +60,7 @@ from fleetledger.projections.shard_states import (
     Transition,
     all_healthy_probes_ok,
     healthy_probe_ok,
+    reported_success_quiet,
     step,
 )
 
@@ -330,9 +331,10 @@ class FleetView:
         self._check_shards(seq, e, e.shards_named())
         out: list[Transition] = []
         # Successes first, for every shard of the window, then failures.
+        shards = self.shards
         for o in e.outcomes:
             if o.successes:
-                out += self._signal(o.shard, Signal(Input.REPORTED_SUCCESS, seq, at))
+                reported_success_quiet(shards[o.shard])  # a "stay" in every state
         for o in e.outcomes:
             infra = [f for f in o.failures if f.category == "infra"]
             if infra:

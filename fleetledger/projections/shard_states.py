@@ -368,6 +368,19 @@ def healthy_probe_ok(r: ShardRecord, at_us: int) -> bool:
     return True
 
 
+# A success an adapter reported is a "stay" in every state but RETIRED (which ignores
+# it): it clears the reported streak and can never move a shard.
+assert RULES[Input.REPORTED_SUCCESS] == {state: (_stay(),) for state in ALL_BUT_RETIRED}
+assert EFFECTS[Input.REPORTED_SUCCESS] is _reported_success
+
+
+def reported_success_quiet(r: ShardRecord) -> None:
+    """Apply a reported success (never a transition), without building a Signal."""
+    if r.state is not ShardState.RETIRED:
+        r.reported_failures = 0
+        r.reported_evidence = ()
+
+
 def all_healthy_probes_ok(shards: Sequence[ShardRecord], ok: Sequence[int], at_us: int) -> bool:
     """Apply a round of successful probes if every shard in it is HEALTHY (no transition
     can follow); False, and nothing applied, if one is not or is out of range."""

@@ -8,7 +8,7 @@ reported streak's span), and the few events the explanation cites, read by seq.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
@@ -37,6 +37,12 @@ def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
     return ranges
 
 
+def _events_of(log: EventLog, run: str, to_seq: int) -> Iterator[RecordedEvent]:
+    """The run's events for a replay, which never reads their ids (``ids=False``)."""
+    for page in log.read_pages(run, 0, to_seq, ids=False):
+        yield from page
+
+
 def read_evidence(log: EventLog, run: str, seqs: Iterable[int]) -> dict[int, RecordedEvent]:
     """The events at ``seqs`` of ``run``, by seq."""
     found: dict[int, RecordedEvent] = {}
@@ -60,7 +66,7 @@ def explain_from_log(
         check_shard(view, shard)  # before the replay: a typo should not cost a full fold
     # One pass: the history, and the probe counts a reported streak's explanation cites.
     tallies = ProbeTallies()
-    entries = list(replay(tallies.watch(log.read(run, 0, view.seq))))
+    entries = list(replay(tallies.watch(_events_of(log, run, view.seq))))
     wanted = evidence_needed(view, entries, shard)
     evidence = read_evidence(log, run, wanted.seqs)
     if shard is None:

@@ -49,16 +49,13 @@ def read_history(
     if after >= 1:
         history = History(load_view(log, run, after, head=head))
     total = last - after
-    for page in log.read_pages(run, after, last):
+    # History entries hold no event ids: one shared event per repeated payload.
+    for page in log.read_pages(run, after, last, ids=False):
         if history is None:  # from seq 1: the first entry is the starting membership
             history, entries = History.start(page[0])
             yield from entries
             page = page[1:]
-        feed = history.feed
-        for recorded in page:
-            entries = feed(recorded)
-            if entries:
-                yield from entries
+        yield from history.feed_page(page)
         if on_page is not None:
             on_page(history.view.seq - after, total)
     if history is not None and history.view.ended is None:

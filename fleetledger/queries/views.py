@@ -11,7 +11,7 @@ import structlog
 
 from fleetledger.events.log import EventLog
 from fleetledger.events.records import RunHead
-from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
+from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold_pages
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot
 
 _log = structlog.get_logger("fleetledger.queries")
@@ -41,4 +41,5 @@ def load_view(
         except ProjectionError as exc:
             view = None
             _log.warning("snapshot ignored", run=run, seq=stored[0], problem=str(exc))
-    return fold(log.read(run, view.seq if view else 0, target), into=view)
+    # A fold reads what events say, never their ids: one shared event per repeated payload.
+    return fold_pages(log.read_pages(run, view.seq if view else 0, target, ids=False), into=view)
