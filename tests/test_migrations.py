@@ -375,3 +375,34 @@ def test_the_head_revision_creates_exactly_the_tables_the_code_queries(ledger_ur
         assert described == _describe_metadata(database.engine)
     finally:
         database.dispose()
+
+
+def test_the_revisions_every_open_checks_are_the_migration_scripts() -> None:
+    """Opens read ``REVISIONS`` instead of importing Alembic: it must list the scripts."""
+    from alembic.script import ScriptDirectory
+
+    from fleetledger.events.revisions import REVISIONS, alembic_config
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    assert list(REVISIONS) == [rev.revision for rev in reversed(list(scripts.walk_revisions()))]
+    assert scripts.get_heads() == [REVISIONS[-1]]
+
+
+def test_a_read_command_does_not_import_alembic(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from fleetledger.events.log import EventLog
+    from fleetledger.events.models import RunStarted
+    from tests.builders import fleet_config
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with EventLog.open(url) as log:
+        log.append("r", [RunStarted(config=fleet_config(2))])
+    code = (
+        "import sys; from fleetledger.cli import app; "
+        f"app(['membership', 'r', '--json', '--db', {url!r}], standalone_mode=False); "
+        "print('alembic' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines()[-1] == "False"

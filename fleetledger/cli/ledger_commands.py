@@ -28,11 +28,13 @@ from fleetledger.events.bundle import read_import, write_bundle
 from fleetledger.events.database import migrate as migrate_database
 from fleetledger.events.errors import AppendRejected
 from fleetledger.events.jsonl import export_lines
+from fleetledger.events.log import EventLog
 from fleetledger.events.models import iso_at
 from fleetledger.events.records import check_run_id
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.membership import membership_document
-from fleetledger.queries import RunReader, load_view
+from fleetledger.projections.snapshot import PROJECTION_VERSION, fold_with_snapshots
+from fleetledger.queries import RunReader
 
 # ── runs ───────────────────────────────────────────────────────────────────────
 
@@ -195,6 +197,15 @@ def export(
                 stream.write((line + "\n").encode("utf-8"))
 
 
+def snapshot_imported(log: EventLog, run: str) -> FleetView:
+    """Fold an imported run once, storing snapshots at a live ledger's cadence, so
+    ``membership``, ``explain`` and ``--at`` on it fold a short tail, as on the original."""
+    return fold_with_snapshots(
+        log.read_pages(run, ids=False),
+        lambda seq, payload: log.save_snapshot(run, PROJECTION_VERSION, seq, payload),
+    )
+
+
 def same_summary_value(key: str, ours: object, theirs: object) -> bool:
     """A bundle's summary agrees with this fold's: the same values, and for ``at`` the
     same instant (older versions wrote ``+00:00`` where this one writes ``Z``)."""
@@ -229,7 +240,7 @@ def import_(
                 imported = read_import(fh, source, log.codec, run)
         parsed, bundle = imported.parsed, imported.bundle
         log.import_run(parsed.run, parsed.rows)
-        view = load_view(log, parsed.run)
+        view = snapshot_imported(log, parsed.run)
     if bundle is not None:
         # The events are verified; a summary that disagrees with this version's fold
         # means the fold's rules changed since the bundle was written. Say so.

@@ -50,10 +50,16 @@ from fleetledger.events.models import (
 from fleetledger.projections.decisions import decide_exhaustion
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState, Transition
-from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
+from fleetledger.projections.snapshot import (
+    PROJECTION_VERSION,
+    SNAPSHOT_EVERY_EVENTS,
+    SNAPSHOT_EVERY_RESULTS,
+    results_in,
+    to_snapshot,
+)
 from fleetledger.queries.views import load_view
 
-DEFAULT_SNAPSHOT_EVERY = 10_000
+DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_EVENTS
 
 _log = structlog.get_logger("fleetledger.ledger")
 
@@ -159,6 +165,7 @@ class Ledger:
         self._view = view
         self._snapshot_every = snapshot_every
         self._snapshot_seq = view.seq
+        self._results_since_snapshot = 0  # probe results folded since (see results_in)
         self._lock = threading.RLock()
         self._membership = Membership.of(view)
 
@@ -230,6 +237,7 @@ class Ledger:
                 for page in self.log.read_pages(self.run, self._view.seq):
                     for recorded in page:
                         transitions += self._view.apply(recorded)
+                        self._results_since_snapshot += results_in(recorded.event)
             finally:  # pages applied before a failing one count too
                 if self._view.seq != before:
                     self._membership = Membership.of(self._view)
@@ -245,7 +253,10 @@ class Ledger:
                     evidence=list(t.evidence),
                     epoch=self._view.epoch,
                 )
-            if self._view.seq - self._snapshot_seq >= self._snapshot_every:
+            if (
+                self._view.seq - self._snapshot_seq >= self._snapshot_every
+                or self._results_since_snapshot >= SNAPSHOT_EVERY_RESULTS
+            ):
                 try:
                     self.save_snapshot()
                 except LedgerError as exc:  # a snapshot is an optimisation: never fail for it
@@ -258,6 +269,7 @@ class Ledger:
                 self.run, PROJECTION_VERSION, self._view.seq, to_snapshot(self._view)
             )
             self._snapshot_seq = self._view.seq
+            self._results_since_snapshot = 0
             return self._snapshot_seq
 
     # ── reports ─────────────────────────────────────────────────────────────

@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import structlog
-from alembic.util.exc import CommandError
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -257,6 +256,8 @@ def migrate(
     ``into_foreign_database``; a SQLite file that does is always refused (a SQLite ledger
     is a file of its own).
     """
+    from alembic.util.exc import CommandError  # migrating is the one place alembic runs
+
     parsed = parse_db_url(resolve_db_url(url))
     where = display_url_of(parsed)
     sqlite = parsed.get_backend_name() == "sqlite"
