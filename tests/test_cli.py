@@ -400,3 +400,26 @@ def test_installed_command_demo_in_an_empty_directory(tmp_path: Path) -> None:
     assert "shard transition" in second.stderr
     assert len(json.loads(run("runs", "--json").stdout)) == 2
     assert stat.S_IMODE(ledger.stat().st_mode) == 0o600
+
+
+def test_the_replay_commands_option_defaults_are_the_queries_own() -> None:
+    """The command module keeps them itself so `--help` does not import the read side."""
+    from fleetledger import queries
+    from fleetledger.cli import replay_commands
+
+    assert replay_commands.DEFAULT_POLL_INTERVAL_S == queries.DEFAULT_POLL_INTERVAL_S
+    assert replay_commands.TIME_EXAMPLE == queries.TIME_EXAMPLE
+
+
+def test_the_version_imports_no_database_layer() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fleetledger.cli import app\n"
+        "try:\n    app(['--version'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'fleetledger.events.log') "
+        "if m in sys.modules), file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr.strip().splitlines()[-1] == "[]"

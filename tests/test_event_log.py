@@ -651,3 +651,19 @@ def test_writer_connections_of_exited_threads_are_returned(sqlite_url):
             thread.join()
         assert errors == []
         assert log.head("threads") == 21
+
+
+def test_the_codec_stores_what_model_dump_json_writes() -> None:
+    """The codec calls pydantic's serializer directly; the stored text must not change."""
+    from fleetledger.events.codec import EventCodec
+    from fleetledger.events.models import RunEnded, RunStarted
+    from tests.projection_builders import every_event_naming, fleet_config
+
+    codec = EventCodec()
+    events = [
+        RunStarted(config=fleet_config()),
+        RunEnded(outcome="failed", cause="ünïcödé \u2028 \x1b[31m"),
+        *every_event_naming(1, 3),
+    ]
+    for event in events:
+        assert codec.encode(event)[2] == event.model_dump_json(), event.type

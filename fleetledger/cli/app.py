@@ -13,7 +13,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperGroup
@@ -21,11 +21,16 @@ from typer.core import TyperGroup
 from fleetledger import __version__
 from fleetledger.cli.output import say
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.database import OpenMode
 from fleetledger.events.db_urls import DB_URL_ENV
-from fleetledger.events.errors import LedgerWriteError
-from fleetledger.events.log import EventLog
 from fleetledger.logs import configure_logging
+
+if TYPE_CHECKING:
+    from fleetledger.events.database import OpenMode
+    from fleetledger.events.log import EventLog
+
+# Each command imports what it needs when it runs (the log, the projections, a bundle's
+# zip, the timeline's painters), so `fleetledger --help` or a read command does not pay
+# for what another command uses; Alembic is imported only where a migration can happen.
 
 # ── usage errors: one line, like every other error ─────────────────────────────
 
@@ -159,6 +164,9 @@ def open_log(db: str | None, *, mode: OpenMode) -> Iterator[EventLog]:
     """The command's ledger: ``mode="read"`` for the commands that only look (the ledger
     is opened read-only: never created, upgraded or written), ``"write"`` for those that
     append (a new SQLite ledger may be created, an older one is upgraded, and says so)."""
+    from fleetledger.events.errors import LedgerWriteError
+    from fleetledger.events.log import EventLog
+
     log = EventLog.open(db, mode=mode)
     try:
         if mode == "write" and log.database.read_only:

@@ -11,7 +11,6 @@ import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.output import print_json, say
-from fleetledger.queries import RunReader
 
 
 @app.command()
@@ -30,6 +29,8 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """Why a shard is in its state, or why the run ended / where its progress stopped."""
+    from fleetledger.queries import RunReader  # imported when the command runs (cli.app)
+
     with open_log(db, mode="read") as log:
         reader = RunReader(log, run)
         explanation = reader.explain(shard, reader.seq_of(at, "--at"))

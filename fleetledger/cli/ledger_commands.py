@@ -6,7 +6,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Column, Table
@@ -24,17 +24,14 @@ from fleetledger.cli.output import (
     whole_file,
     write_json_lines,
 )
-from fleetledger.events.bundle import read_import, write_bundle
-from fleetledger.events.database import migrate as migrate_database
 from fleetledger.events.errors import AppendRejected
-from fleetledger.events.jsonl import export_lines
-from fleetledger.events.log import EventLog
-from fleetledger.events.models import iso_at
-from fleetledger.events.records import check_run_id
-from fleetledger.projections.fleet_view import FleetView
-from fleetledger.projections.membership import membership_document
-from fleetledger.projections.snapshot import PROJECTION_VERSION, fold_with_snapshots
-from fleetledger.queries import RunReader
+
+if TYPE_CHECKING:
+    from fleetledger.events.log import EventLog
+    from fleetledger.projections.fleet_view import FleetView
+
+# Each command imports what it uses when it runs (see ``cli.app``): a bundle's zip, the
+# projections or the migrations are not the start-up of every command.
 
 # ── runs ───────────────────────────────────────────────────────────────────────
 
@@ -43,6 +40,8 @@ from fleetledger.queries import RunReader
 @cli_errors
 def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List the runs in the ledger."""
+    from fleetledger.events.models import iso_at
+
     with open_log(db, mode="read") as log:
         summaries = log.runs()
     if as_json:
@@ -82,6 +81,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
 
 
 def render_membership(view: FleetView) -> None:
+    from fleetledger.projections.membership import membership_document
+
     doc = membership_document(view)
     say(
         f"run {doc['run']} at seq {doc['seq']} ({doc['at']}): epoch {doc['epoch']}, "
@@ -132,6 +133,9 @@ def membership(
     as_json: JsonOption = False,
 ) -> None:
     """Who is in the fleet: states, serving/absent sets, epoch and the rank layout."""
+    from fleetledger.projections.membership import membership_document
+    from fleetledger.queries import RunReader
+
     with open_log(db, mode="read") as log:
         # A time becomes the last seq stamped at or before it; then the nearest
         # snapshot at or before that seq, folded forward.
@@ -164,6 +168,11 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Write a run's stored events as JSON Lines, or a bundle (format: docs/events.md)."""
+    from fleetledger.events.bundle import write_bundle
+    from fleetledger.events.jsonl import export_lines
+    from fleetledger.projections.membership import membership_document
+    from fleetledger.queries import RunReader
+
     if bundle is not None and output is not None:
         raise _fail("give -o (JSON Lines) or --bundle, not both")
     target = bundle if bundle is not None else output
@@ -200,6 +209,8 @@ def export(
 def snapshot_imported(log: EventLog, run: str) -> FleetView:
     """Fold an imported run once, storing snapshots at a live ledger's cadence, so
     ``membership``, ``explain`` and ``--at`` on it fold a short tail, as on the original."""
+    from fleetledger.projections.snapshot import PROJECTION_VERSION, fold_with_snapshots
+
     return fold_with_snapshots(
         log.read_pages(run, ids=False),
         lambda seq, payload: log.save_snapshot(run, PROJECTION_VERSION, seq, payload),
@@ -226,6 +237,10 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Import an exported run or a bundle (told apart by content). All checked, then written."""
+    from fleetledger.events.bundle import read_import
+    from fleetledger.events.records import check_run_id
+    from fleetledger.projections.membership import membership_document
+
     if run is not None:  # checked before anything is opened; '' is not "no --run"
         try:
             check_run_id(run)
@@ -280,6 +295,7 @@ def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Write a scripted run into the ledger and print the membership after each step."""
     # The one writing command here: the read commands beside it never load the controller.
     from fleetledger.controller.demo import new_demo_run_id, run_demo
+    from fleetledger.projections.membership import membership_document
 
     run = new_demo_run_id()
     with open_log(db, mode="write") as log:
@@ -340,6 +356,8 @@ def migrate(
     as_json: JsonOption = False,
 ) -> None:
     """Upgrade the ledger schema to this version's head (required for PostgreSQL)."""
+    from fleetledger.events.database import migrate as migrate_database
+
     before, after = migrate_database(db, into_foreign_database=into_foreign_database)
     if as_json:
         print_json({"from": before, "to": after})

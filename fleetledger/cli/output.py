@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import typer
 from rich.console import Console
@@ -45,8 +45,9 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.database import Database
-from fleetledger.events.sqlite_file import sqlite_path
+
+if TYPE_CHECKING:
+    from fleetledger.events.database import Database
 
 # A fold shorter than this shows no progress bar: it would only flicker.
 PROGRESS_DELAY_S = 1.0
@@ -227,6 +228,8 @@ def ledger_files(database: Database) -> dict[Path, str]:
     Both the ledger path as given and its real path are kept, wherever SQLite puts the
     ``-wal`` of a ledger reached through a symlink. A PostgreSQL ledger has no files here.
     """
+    from fleetledger.events.sqlite_file import sqlite_path
+
     if database.backend != "sqlite":
         return {}
     given = sqlite_path(database.url)

@@ -15,7 +15,6 @@ from typing import Annotated
 import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
-from fleetledger.cli.entry_table import EntryTable
 from fleetledger.cli.output import (
     CommandLineError,
     FoldProgress,
@@ -25,9 +24,11 @@ from fleetledger.cli.output import (
     stdout_may_close,
     write_json_lines,
 )
-from fleetledger.events.models import datetime_from_us
-from fleetledger.projections.history import EndEntry
-from fleetledger.queries import DEFAULT_POLL_INTERVAL_S, TIME_EXAMPLE, Follower, RunReader
+
+# Option defaults and help, without importing the read side (cli.app: each command
+# imports what it uses when it runs). Held to the queries' own values by a test.
+DEFAULT_POLL_INTERVAL_S = 1.0
+TIME_EXAMPLE = "2026-11-29T10:25:43Z"
 
 # ── replay ─────────────────────────────────────────────────────────────────────
 
@@ -67,6 +68,11 @@ def replay(
 ) -> None:
     """The run's history: transitions with rule and evidence, epochs and rank layouts,
     refits, restarts, decisions, stalls and the end."""
+    from fleetledger.cli.entry_table import EntryTable
+    from fleetledger.events.models import datetime_from_us
+    from fleetledger.projections.history import EndEntry
+    from fleetledger.queries import RunReader
+
     if to_seq is not None and until is not None:
         raise CommandLineError("give --to SEQ or --until TIME, not both")
     with open_log(db, mode="read") as log:
@@ -124,6 +130,9 @@ def watch(
 
     Exits 0 once the run ends (after printing its end); Ctrl-C stops it (status 130).
     """
+    from fleetledger.cli.entry_table import EntryTable
+    from fleetledger.queries import Follower
+
     if not interval > 0:
         raise CommandLineError(f"--interval {interval}: give a positive number of seconds")
     try:

@@ -15,18 +15,19 @@ whole (mode 0600) or not at all, by :func:`fleetledger.cli.output.whole_file`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
 from fleetledger.cli.output import check_output, ledger_files, print_json, say, whole_file
-from fleetledger.cli.timeline import PAINTERS, AxisMode, PlotUnavailable, build_scene, plural
-from fleetledger.projections.lanes import lanes_of
+
+if TYPE_CHECKING:
+    from fleetledger.cli.timeline import AxisMode
 
 PictureFormat = Literal["png", "html"]
 FORMATS: dict[str, PictureFormat] = {".png": "png", ".html": "html", ".htm": "html"}
-AXIS_MODES: dict[str, AxisMode] = {"time": "time", "seq": "seq"}
+AXIS_MODES: dict[str, AxisMode] = {"time": "time", "seq": "seq"}  # type: ignore[valid-type]
 
 
 def picture_format(output: Path) -> PictureFormat:
@@ -65,6 +66,10 @@ def timeline(
     as_json: JsonOption = False,
 ) -> None:
     """Draw a run: one lane per shard coloured by state, refits, epochs and the end."""
+    # Imported when the command runs (cli.app): the painters are no other command's.
+    from fleetledger.cli.timeline import PAINTERS, PlotUnavailable, build_scene, plural
+    from fleetledger.projections.lanes import lanes_of
+
     kind = picture_format(output)
     mode = AXIS_MODES.get(axis)
     if mode is None:

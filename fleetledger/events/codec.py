@@ -202,7 +202,8 @@ class EventCodec:
         cls = self._types.get(event.type)
         if cls is None or not isinstance(event, cls):
             raise TypeError(f"{type(event).__name__} is not a registered event type")
-        return event.type, cls.SCHEMA_VERSION, event.model_dump_json()
+        # ``model_dump_json()``'s own output, without its per-call argument handling.
+        return event.type, cls.SCHEMA_VERSION, cls.__pydantic_serializer__.to_json(event).decode()
 
     def decode(self, run: str, seq: int | None, type_: str, version: int, payload: Any) -> Event:
         """Decode one stored payload (a JSON string or an already-parsed dict)."""

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
-
 from fleetledger.events.errors import LedgerOpenError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 DEFAULT_DB_URL = "sqlite:///fleetledger.db"
 DB_URL_ENV = "FLEETLEDGER_DB"
@@ -40,6 +41,10 @@ def scrub_password(text: str, password: str | None) -> str:
 
 
 def parse_db_url(url: str) -> URL:
+    # SQLAlchemy is imported by the commands that open a ledger, not by the CLI's start.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     raw = _RAW_PASSWORD.match(url)
     password, shown = None, url
     if raw is not None:

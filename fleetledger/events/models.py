@@ -82,10 +82,10 @@ class FleetConfig(BaseModel):
 
     def check_event(self, event: Event) -> None:
         """Refuse an event that names a shard this fleet does not have."""
+        count = self.shard_count
         for shard in event.shards_named():
-            problem = shard_outside(shard, self.shard_count)
-            if problem is not None:
-                raise ValueError(problem)
+            if not 0 <= shard < count:  # the rule of ``shard_outside``, said by it
+                raise ValueError(shard_outside(shard, count))
 
 
 def shard_outside(shard: int, shard_count: int) -> str | None:

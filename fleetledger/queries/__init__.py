@@ -8,12 +8,24 @@ looks up the run's head and configuration once; everything after reads rows by s
 Nothing here writes, and nothing here passes through ``controller/``.
 """
 
-from fleetledger.queries.evidence import explain_from_log, read_evidence
+from importlib import import_module
+from typing import Any
+
 from fleetledger.queries.follow import DEFAULT_POLL_INTERVAL_S, Follower
 from fleetledger.queries.history import read_history
 from fleetledger.queries.points import TIME_EXAMPLE, PointError, parse_time
 from fleetledger.queries.reader import RunReader
 from fleetledger.queries.views import load_view
+
+# The explanations' reads import the explanations: only ``explain`` pays for them.
+_LAZY = {"explain_from_log": "evidence", "read_evidence": "evidence"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"fleetledger.queries.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL_S",

@@ -10,17 +10,19 @@ does not move the answer mid-command.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, shard_outside
 from fleetledger.events.records import RunHead
-from fleetledger.projections.explain import RunExplanation, ShardExplanation
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.history import Entry
-from fleetledger.queries.evidence import explain_from_log
 from fleetledger.queries.history import PageCallback, read_history
 from fleetledger.queries.points import PointError, parse_time, seq_of_point
 from fleetledger.queries.views import load_view
+
+if TYPE_CHECKING:
+    from fleetledger.projections.explain import RunExplanation, ShardExplanation
 
 
 class RunReader:
@@ -60,6 +62,8 @@ class RunReader:
     def explain(
         self, shard: int | None = None, at_seq: int | None = None
     ) -> ShardExplanation | RunExplanation:
+        from fleetledger.queries.evidence import explain_from_log  # only explain needs it
+
         return explain_from_log(self.log, self.run, shard, at_seq, head=self.head)
 
     def check_shard(self, shard: int, option: str) -> None:

@@ -1,0 +1,490 @@
+"""Hand-run benchmark of issue 14: reading at the speed of the raw store, and a ledger
+that grows with probe rounds, not shards. Every figure is printed beside what it is
+compared with, measured in the same run (interleaved where both sides are timed).
+
+Run it by hand (it asserts nothing about timing)::
+
+    pip install -e '.[bench]'          # eventsourcing, the comparison
+    python bench/bench_scale.py [--events N] [--days D] [--db-dir DIR] [--skip-week]
+
+1. **Replay of an imported 1M-event schema-version-1 run** (per-shard probe events, as
+   ledgers written before probe rounds hold them; the run ``bench_ledger.py`` builds and
+   caches), imported into a fresh ledger through ``EventLog.import_run`` and the import
+   command's snapshot pass (the CLI import's own file limit, 64 MiB, is below a
+   1M-event export): ``fleetledger replay RUN --json`` (CLI code path, in process, into
+   a null sink; and as a process) and the library fold (``fold_pages`` of
+   ``read_pages(ids=False)``), against eventsourcing's raw notification read of the
+   same events (``SQLiteApplicationRecorder.select_notifications`` in pages of 1000, the
+   same payloads stored as the events' state). Targets: ≥ 1.0× (ambition 2×) and ≥ 1.5×.
+2. ``membership`` of the imported run, at the head and ``--at`` random seqs (median,
+   CLI code path): target ≤ 100 ms plus start-up; start-up (``fleetledger --version``
+   and ``membership`` of a one-event run, as processes): target ≤ 250 ms.
+3. Batches of 100 appended: ``EventLog.append`` vs eventsourcing's ``insert_events``,
+   the same rows, both SQLite in WAL with ``synchronous=FULL`` (read back and printed),
+   interleaved batch by batch: target ≥ 1.0×.
+4. Storage per probed shard, healthy 256-shard fleet: 1,000 rounds written as
+   ``probe_round`` events vs as per-shard events: target ≥ 10× smaller.
+5. **A week of a 256-shard fleet** probed every 5 s (120,960 rounds), written through
+   ``Ledger.record_probes`` — the normal append path, one durable transaction per round —
+   on a compressed clock, with an incident a day (a failing shard, a death, a restart, a
+   replacement and the refit that re-admits it): ledger size (≤ 1 GB), full
+   ``replay --json`` (≤ 10 s) and ``membership --at`` a random time (≤ 100 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_forensics import NullSink, cli
+from bench_ledger import (
+    DEFAULT_DB_DIR,
+    RUN,
+    build_replay_db,
+    cached_head,
+    generate,
+    line,
+    note,
+    remove_db,
+    replay_db_path,
+    sqlite_url,
+    verdict,
+)
+
+from fleetledger.cli.ledger_commands import snapshot_imported
+from fleetledger.controller.ledger import Ledger, ProbeResult, round_event
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import FleetConfig, RunStarted, iso_at
+from fleetledger.events.records import ImportRow
+from fleetledger.projections.fleet_view import fold_pages
+from fleetledger.projections.snapshot import to_snapshot
+
+FLEETLEDGER = str(Path(sys.executable).parent / "fleetledger")
+IMPORTED = "imported"
+WEEK_RUN = "week"
+ROUND_S = 5.0
+
+
+def best_of(repeat: int, sides: Sequence[Callable[[], Any]]) -> list[float]:
+    """Each side ``repeat`` times, side after side (interleaved); the best wall time each."""
+    best = [float("inf")] * len(sides)
+    for _ in range(repeat):
+        for i, side in enumerate(sides):
+            gc.collect()
+            t0 = time.perf_counter()
+            side()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def process_s(args: Sequence[str], samples: int = 5) -> float:
+    """Median wall time of the installed command as a process, stdout to /dev/null."""
+    times = []
+    with open(os.devnull, "w") as devnull:
+        for _ in range(samples):
+            t0 = time.perf_counter()
+            subprocess.run([FLEETLEDGER, *args], stdout=devnull, check=True)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def ratio_line(section: str, label: str, ours: float, theirs: float, target: float) -> None:
+    ratio = theirs / ours
+    line(
+        section,
+        label,
+        f"{ratio:8.2f}×  (ours {ours:.2f} s, eventsourcing {theirs:.2f} s; target ≥ {target}×: "
+        f"{verdict(ratio >= target)})",
+    )
+
+
+# ── 1, 2: the imported 1M-event run ───────────────────────────────────────────
+
+
+def ensure_v1_run(db_dir: Path, events: int) -> Path:
+    path = replay_db_path(db_dir, events, 8, 20261129)
+    if cached_head(path) != events:
+        remove_db(path)
+        build_replay_db(path, events, 8, 20261129)
+    return path
+
+
+def import_run(source: Path, target: Path) -> float:
+    """The source run imported under ``IMPORTED``, snapshots as the import command takes them."""
+    remove_db(target)
+    with EventLog.open(sqlite_url(source), mode="read") as src:
+        rows = [
+            ImportRow(seq, event_id, at_us, type_, version, payload)
+            for page in src.read_stored(RUN)
+            for seq, at_us, event_id, type_, version, payload in page
+        ]
+    t0 = time.perf_counter()
+    with EventLog.open(sqlite_url(target)) as log:
+        log.import_run(IMPORTED, rows)
+        snapshot_imported(log, IMPORTED)
+    return time.perf_counter() - t0
+
+
+def eventsourcing_store(source: Path, target: Path) -> Any:
+    """The same events in eventsourcing's SQLite application recorder."""
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+
+    if not target.exists():
+        remove_db(target)
+        tmp = target.with_name(f".building-{target.name}")
+        remove_db(tmp)
+        recorder = SQLiteApplicationRecorder(SQLiteDatastore(str(tmp)))
+        recorder.create_table()
+        originator = uuid.uuid4()
+        with EventLog.open(sqlite_url(source), mode="read") as src:
+            for page in src.read_stored(RUN):
+                for lo in range(0, len(page), 1000):
+                    recorder.insert_events(
+                        [
+                            StoredEvent(originator, seq, type_, payload.encode())
+                            for seq, _at, _id, type_, _v, payload in page[lo : lo + 1000]
+                        ]
+                    )
+        del recorder
+        os.replace(tmp, target)
+        remove_db(tmp)
+    return SQLiteApplicationRecorder(SQLiteDatastore(str(target)))
+
+
+def read_all_notifications(recorder: Any) -> int:
+    count, start = 0, 1
+    while True:
+        page = recorder.select_notifications(start, 1000)
+        if not page:
+            return count
+        count += len(page)
+        start = page[-1].id + 1
+
+
+def bench_imported(db_dir: Path, events: int, repeat: int, samples: int) -> None:
+    source = ensure_v1_run(db_dir, events)
+    target = db_dir / f"imported-v1-{events}.sqlite"
+    took = import_run(source, target)
+    url = sqlite_url(target)
+    with EventLog.open(url, mode="read") as log:
+        head = log.head(IMPORTED)
+    line("1", "imported run", f"{head:,} events, import + snapshots {took:.1f} s -> {target}")
+    recorder = eventsourcing_store(source, db_dir / f"eventsourcing-{events}.sqlite")
+    assert read_all_notifications(recorder) == head
+
+    def library_fold() -> None:
+        with EventLog.open(url, mode="read") as log:
+            fold_pages(log.read_pages(IMPORTED, ids=False))
+
+    sink = NullSink()
+    ours_cli, ours_fold, theirs = best_of(
+        repeat,
+        [
+            lambda: cli(["replay", IMPORTED, "--json", "--db", url], sink),
+            library_fold,
+            lambda: read_all_notifications(recorder),
+        ],
+    )
+    scale = "" if events == 1_000_000 else f" (scaled from {events:,})"
+    ratio_line("1", f"replay --json (CLI code path) vs raw read{scale}", ours_cli, theirs, 1.0)
+    note("ambition 2×: " + verdict(theirs / ours_cli >= 2.0))
+    ratio_line("1", "library fold vs raw read", ours_fold, theirs, 1.5)
+    whole = process_s(["replay", IMPORTED, "--json", "--db", url], samples=1)
+    ratio_line("1", "replay --json as a process (start-up included)", whole, theirs, 1.0)
+
+    # 2: membership of the imported run, through the CLI code path.
+    def median_ms(args: Sequence[str], points: Sequence[str | None]) -> float:
+        times = []
+        for point in points:
+            at = [] if point is None else ["--at", point]
+            t0 = time.perf_counter()
+            cli(["membership", IMPORTED, "--json", "--db", url, *at], NullSink())
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    rng = random.Random(14)
+    at_head = median_ms([], [None] * samples)
+    at_seq = median_ms([], [str(rng.randint(1, head)) for _ in range(samples)])
+    startup = process_s(["--version"])
+    line(
+        "2",
+        "membership of the imported run (head, CLI code path)",
+        f"{at_head:8.1f} ms  (median of {samples}; target ≤ 100 ms + start-up: "
+        f"{verdict(at_head <= 100)})",
+    )
+    line("2", "membership --at a random seq", f"{at_seq:8.1f} ms  ({verdict(at_seq <= 100)})")
+    line(
+        "2",
+        "membership of the imported run, as a process",
+        f"{process_s(['membership', IMPORTED, '--db', url]) * 1e3:8.1f} ms  "
+        f"(start-up, `fleetledger --version`: {startup * 1e3:.0f} ms)",
+    )
+
+
+def bench_startup(db_dir: Path) -> None:
+    tiny = db_dir / "tiny.sqlite"
+    remove_db(tiny)
+    with EventLog.open(sqlite_url(tiny)) as log:
+        Ledger.start(log, "tiny", week_config(4))
+    base = statistics.median(_time_process([sys.executable, "-c", "pass"]) for _ in range(5))
+    version = process_s(["--version"])
+    membership = process_s(["membership", "tiny", "--db", sqlite_url(tiny)])
+    line(
+        "2",
+        "start-up: fleetledger --version (process)",
+        f"{version * 1e3:8.0f} ms  (target ≤ 250 ms: {verdict(version <= 0.25)}; "
+        f"a bare interpreter: {base * 1e3:.0f} ms)",
+    )
+    line(
+        "2",
+        "start-up: membership of a one-event run (process)",
+        f"{membership * 1e3:8.0f} ms  (target ≤ 250 ms: {verdict(membership <= 0.25)})",
+    )
+
+
+def _time_process(argv: Sequence[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True)
+    return time.perf_counter() - t0
+
+
+# ── 3: batches of 100 ──────────────────────────────────────────────────────────
+
+
+def bench_batches(db_dir: Path, batches: int) -> None:
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore
+
+    started, events = generate(batches * 100, 8, 100)
+    ours_path, theirs_path = db_dir / "append-ours.sqlite", db_dir / "append-es.sqlite"
+    for path in (ours_path, theirs_path):
+        remove_db(path)
+    log = EventLog.open(sqlite_url(ours_path))
+    log.append(RUN, [started])
+    recorder = SQLiteApplicationRecorder(SQLiteDatastore(str(theirs_path)))
+    recorder.create_table()
+    originator = uuid.uuid4()
+    # The same rows: eventsourcing stores the payloads our codec stores, encoded in its
+    # timed part as its mapper would (``append`` takes events and encodes them too).
+    ours_t = theirs_t = 0.0
+    for b in range(batches):
+        chunk = slice(b * 100, (b + 1) * 100)
+        t0 = time.perf_counter()
+        log.append(RUN, events[chunk])
+        t1 = time.perf_counter()
+        recorder.insert_events(
+            [
+                StoredEvent(originator, b * 100 + i + 1, e.type, e.model_dump_json().encode())
+                for i, e in enumerate(events[chunk])
+            ]
+        )
+        t2 = time.perf_counter()
+        if b:  # the first batch of each warms connections and caches
+            ours_t += t1 - t0
+            theirs_t += t2 - t1
+    assert log.head(RUN) == batches * 100 + 1
+    with log.database.engine.connect() as conn:
+        ours_mode = (
+            conn.exec_driver_sql("PRAGMA journal_mode").scalar(),
+            conn.exec_driver_sql("PRAGMA synchronous").scalar(),
+        )
+        conn.rollback()
+    log.close()
+    import sqlite3
+
+    es = sqlite3.connect(str(theirs_path))
+    theirs_mode = (
+        es.execute("PRAGMA journal_mode").fetchone()[0],
+        es.execute("PRAGMA synchronous").fetchone()[0],
+    )
+    es.close()
+    n = (batches - 1) * 100
+    ratio = theirs_t / ours_t
+    line(
+        "3",
+        "batch 100: EventLog.append vs insert_events",
+        f"{ratio:8.2f}×  (ours {n / ours_t:,.0f} events/s, eventsourcing {n / theirs_t:,.0f}"
+        f" events/s; target ≥ 1.0×: {verdict(ratio >= 1.0)})",
+    )
+    note(f"durability read back: ours journal_mode/synchronous {ours_mode}, eventsourcing "
+         f"{theirs_mode} (synchronous 2 = FULL)")  # fmt: skip
+
+
+# ── 4, 5: probe rounds ─────────────────────────────────────────────────────────
+
+
+def week_config(shards: int) -> FleetConfig:
+    return FleetConfig(
+        shard_count=shards,
+        train_world_size=8,
+        base_urls=tuple(f"http://gen-{i}.bench:8000/v1" for i in range(shards)),
+    )
+
+
+class CompressedClock:
+    """The recorder's clock, moved by the bench: a week in minutes."""
+
+    def __init__(self) -> None:
+        self.now_us = 1_780_000_000_000_000
+
+    def __call__(self) -> int:
+        return self.now_us
+
+
+def bench_storage(db_dir: Path, shards: int, rounds: int) -> None:
+    ok = {shard: ProbeResult.ok() for shard in range(shards)}
+    sizes = []
+    for shape in ("rounds", "per-shard"):
+        path = db_dir / f"storage-{shape}.sqlite"
+        remove_db(path)
+        with EventLog.open(sqlite_url(path)) as log:
+            log.append("r", [RunStarted(config=week_config(shards))])
+            for _ in range(rounds):
+                if shape == "rounds":
+                    log.append("r", [round_event(ok)])
+                else:
+                    log.append("r", [ok[s].as_event(s) for s in range(shards)])
+            with log.database.engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+                conn.rollback()
+        sizes.append(path.stat().st_size)
+        remove_db(path)
+    per_probe = [size / (rounds * shards) for size in sizes]
+    line(
+        "4",
+        f"storage per probed shard, healthy {shards}-shard fleet",
+        f"{per_probe[0]:8.1f} B as rounds vs {per_probe[1]:.1f} B per-shard: "
+        f"{per_probe[1] / per_probe[0]:.1f}× smaller (target ≥ 10×: "
+        f"{verdict(per_probe[1] / per_probe[0] >= 10)})",
+    )
+
+
+def write_week(path: Path, shards: int, days: float, seed: int) -> int:
+    """A week of rounds through ``Ledger.record_probes``, with an incident a day."""
+    rng = random.Random(seed)
+    clock = CompressedClock()
+    rounds = int(days * 86_400 / ROUND_S)
+    remove_db(path)
+    t0 = time.perf_counter()
+    with EventLog.open(sqlite_url(path), clock_us=clock) as log:
+        ledger = Ledger.start(log, WEEK_RUN, week_config(shards))
+        incident_every = int(86_400 / ROUND_S)
+        victim: int | None = None
+        for number in range(rounds):
+            clock.now_us += int(ROUND_S * 1e6)
+            serving = ledger.membership.serving
+            results = {shard: ProbeResult.ok() for shard in serving}
+            if number % incident_every == incident_every // 2:
+                victim = rng.choice(serving)
+            if victim is not None and victim in results:
+                results[victim] = (
+                    ProbeResult("died", "ActorDiedError: worker exited 137")
+                    if rng.random() < 0.3
+                    else ProbeResult("timeout", f"no answer within {ROUND_S / 2} s")
+                )
+            if results:
+                ledger.record_probes(results)
+            if victim is not None and ledger.view.shards[victim].absent:
+                ledger.restart_requested(victim)
+                ledger.replacement_loaded(victim)
+                ledger.refit_started(ledger.view.weight_version + 1)
+                ledger.refit_completed(ledger.view.weight_version + 1)
+                victim = None
+            if number and number % 20_000 == 0:
+                note(f"  week: {number:,} of {rounds:,} rounds ({time.perf_counter() - t0:.0f} s)")
+        head = log.head(WEEK_RUN)
+        with log.database.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.rollback()
+    line(
+        "5",
+        f"wrote {days:g} days of a {shards}-shard fleet",
+        f"{rounds:,} rounds, {head:,} events in {time.perf_counter() - t0:.0f} s "
+        "(Ledger.record_probes, one durable append per round)",
+    )
+    return head
+
+
+def bench_week(db_dir: Path, shards: int, days: float, samples: int) -> None:
+    path = db_dir / f"week-{shards}-{days:g}d.sqlite"
+    head = write_week(path, shards, days, seed=5)
+    size = path.stat().st_size
+    scale = 7 / days
+    line(
+        "5",
+        "ledger size" + ("" if days == 7 else f" (×{scale:.1f} for a week)"),
+        f"{size * scale / 2**20:8.0f} MiB  (target ≤ 1 GB: {verdict(size * scale <= 2**30)})",
+    )
+    url = sqlite_url(path)
+    sink = NullSink()
+    (replay_s,) = best_of(1, [lambda: cli(["replay", WEEK_RUN, "--json", "--db", url], sink)])
+    line(
+        "5",
+        "full replay --json (CLI code path)" + ("" if days == 7 else " (scaled)"),
+        f"{replay_s * scale:8.2f} s  ({replay_s:.2f} s measured; target ≤ 10 s: "
+        f"{verdict(replay_s * scale <= 10)})",
+    )
+    with EventLog.open(url, mode="read") as log:
+        first = next(iter(log.read(WEEK_RUN, 0, 1))).at_us
+        last = log.run_head(WEEK_RUN).at_us
+    rng = random.Random(7)
+    times = []
+    for _ in range(samples):
+        at = iso_at(rng.randint(first, last))
+        t0 = time.perf_counter()
+        cli(["membership", WEEK_RUN, "--json", "--at", at, "--db", url], NullSink())
+        times.append(time.perf_counter() - t0)
+    at_ms = statistics.median(times) * 1e3
+    line(
+        "5",
+        "membership --at a random time (CLI code path)",
+        f"{at_ms:8.1f} ms  (median of {samples}; target ≤ 100 ms: {verdict(at_ms <= 100)})",
+    )
+    with EventLog.open(url, mode="read") as log:
+        check = fold_pages(log.read_pages(WEEK_RUN, ids=False))
+        assert check.seq == head
+        note(f"final view: epoch {check.epoch}, {check.counts()}; {len(to_snapshot(check)):,} B")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--days", type=float, default=7.0, help="of the 256-shard fleet")
+    parser.add_argument("--shards", type=int, default=256)
+    parser.add_argument("--db-dir", default=DEFAULT_DB_DIR)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=21)
+    parser.add_argument("--batches", type=int, default=300, help="batches of 100 per side")
+    parser.add_argument("--skip-week", action="store_true")
+    args = parser.parse_args(argv)
+    db_dir = Path(args.db_dir)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(
+        f"fleetledger bench_scale: python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, db dir {db_dir}"
+    )
+    bench_imported(db_dir, args.events, args.repeat, args.samples)
+    bench_startup(db_dir)
+    bench_batches(db_dir, args.batches)
+    bench_storage(db_dir, args.shards, 1000)
+    if not args.skip_week:
+        bench_week(db_dir, args.shards, args.days, args.samples)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
