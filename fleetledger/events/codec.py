@@ -39,6 +39,8 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 # One row of the events table as read: (seq, at_us, event_id, type, schema_version, payload).
 StoredRow = tuple[int, int, str, str, int, str]
+# The same for a fold, without the id: (seq, at_us, type, schema_version, payload).
+ContentRow = tuple[int, int, str, int, str]
 # Distinct payloads a codec keeps decoded (see ``EventCodec.decode_rows``): a long run
 # repeats a handful (a probe of each shard, a healthy round); a run of all-distinct
 # payloads (adapter windows) empties it when full and decodes them one by one.
@@ -57,11 +59,6 @@ def _with_id(event: Event, event_id: str) -> Event:
     object.__setattr__(copy, "__pydantic_extra__", None)
     object.__setattr__(copy, "__pydantic_private__", None)
     return copy
-
-
-def _without_id(event: Event) -> Event:
-    """``event`` with an empty id: what a fold reads (see ``EventCodec.decode_rows``)."""
-    return _with_id(event, "")
 
 
 # The deepest nesting an imported document may have. An event line is an object (1)
@@ -277,9 +274,7 @@ class EventCodec:
         fields = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
         return f"a {type_!r} event with other {', '.join(fields) or 'content'}"
 
-    def decode_rows(
-        self, run: str, rows: Sequence[StoredRow], *, ids: bool = True
-    ) -> list[RecordedEvent]:
+    def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
         """Decode a page of rows, validating each distinct payload once.
 
         Validation is complete where data enters (``append`` encodes a validated event;
@@ -287,15 +282,10 @@ class EventCodec:
         as what was validated. Most rows of a long run repeat a payload but for its id
         (the same shard answered again, the same healthy round), so the id comes from
         the row's ``event_id`` column and the rest of the payload is the key of a cache
-        of validated events. A payload that does not open with the row's own id
-        (written by other code, or damaged) is decoded on its own through
-        :meth:`decode`, which names its seq when it fails.
-
-        ``ids=False`` is for folds, which read what an event says and never its id:
-        every row of a repeated payload then gets one shared event whose ``id`` is empty
-        (a repeat costs a dictionary lookup), and the log refuses to append such an
-        event, so a fold's events cannot be written back as if they were the rows'.
-        With ``ids=True`` each row gets its own copy carrying the row's id.
+        of validated events: a repeat costs a lookup and a copy with the row's id. A
+        payload that does not open with the row's own id (written by other code, or
+        damaged) is decoded on its own through :meth:`decode`, which names its seq when
+        it fails.
         """
         templates = self._templates
         out: list[RecordedEvent] = []
@@ -310,29 +300,57 @@ class EventCodec:
                     template = templates.get(rest)
                     if template is None or template[0] != type_ or template[1] != version:
                         first = self._first_of(run, seq, event_id, type_, version, payload)
-                        if len(templates) >= TEMPLATE_CACHE_SIZE:
-                            templates.clear()
-                        template = templates[rest] = (type_, version, _without_id(first))
+                        template = self._remember(rest, type_, version, first)
                     content = template[2]
-                    if ids:
-                        # A copy of the validated event with the row's id: what
-                        # ``model_copy`` does, without its per-call overhead.
-                        event = new(type(content))
-                        put(event, "__dict__", {**content.__dict__, "id": event_id})
-                        put(event, "__pydantic_fields_set__", content.__pydantic_fields_set__)
-                        put(event, "__pydantic_extra__", None)
-                        put(event, "__pydantic_private__", None)
-                    else:
-                        event = content
+                    # A copy of the validated event with the row's id: what ``model_copy``
+                    # does, without its per-call overhead.
+                    event = new(type(content))
+                    put(event, "__dict__", {**content.__dict__, "id": event_id})
+                    put(event, "__pydantic_fields_set__", content.__pydantic_fields_set__)
+                    put(event, "__pydantic_extra__", None)
+                    put(event, "__pydantic_private__", None)
                 else:
                     event = self._first_of(run, seq, event_id, type_, version, payload)
-                    if not ids:
-                        event = _without_id(event)
                 append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
 
+    def decode_contents(self, run: str, rows: Sequence[ContentRow]) -> list[RecordedEvent]:
+        """Decode a page of rows for a fold, which reads what events say, never their ids.
+
+        Every row of a repeated payload gets one shared event whose ``id`` is empty (the
+        log refuses to append such an event, so a fold's events cannot be written back
+        as if they were the rows'); a repeat costs a dictionary lookup. The rows come
+        without their ids, a fifth less to fetch: the payload's own id is cut off at its
+        closing quote for the cache key, and the first row of each payload is validated
+        whole (:meth:`decode`, naming its seq).
+        """
+        templates = self._templates
+        out: list[RecordedEvent] = []
+        append = out.append
+        recorded = tuple.__new__
+        with cyclic_gc_paused():
+            for seq, at_us, type_, version, payload in rows:
+                # A stored id is a JSON string without a quote in it in practice; one
+                # that had an escaped quote only makes its key longer (a cache miss).
+                cut_at = payload.find('",', 7) if payload.startswith(_ID_OPENING) else -1
+                rest = payload[cut_at:] if cut_at > 0 else payload
+                template = templates.get(rest)
+                if template is None or template[0] != type_ or template[1] != version:
+                    first = self._first_of(run, seq, None, type_, version, payload)
+                    template = self._remember(rest, type_, version, first)
+                append(recorded(RecordedEvent, (run, seq, at_us, template[2])))
+        return out
+
+    def _remember(self, rest: str, type_: str, version: int, first: Event) -> _Template:
+        """Cache ``first`` (without its id) as what ``rest`` decodes to."""
+        templates = self._templates
+        if len(templates) >= TEMPLATE_CACHE_SIZE:
+            templates.clear()
+        template = templates[rest] = (type_, version, _with_id(first, ""))
+        return template
+
     def _first_of(
-        self, run: str, seq: int, event_id: str, type_: str, version: int, payload: str
+        self, run: str, seq: int, event_id: str | None, type_: str, version: int, payload: str
     ) -> Event:
         """Decode a payload the cache has not seen, validating it whole; its id must be
         the row's (an import refuses a line whose id differs, so only damage gets here)."""
@@ -346,7 +364,7 @@ class EventCodec:
                 event = None
         if event is None:
             event = self.decode(run, seq, type_, version, payload)
-        if event.id != event_id:
+        if event_id is not None and event.id != event_id:
             raise EventDecodeError(
                 run, seq, f"payload id {cut(event.id)!r} is not the row's id {event_id!r}"
             )

@@ -58,6 +58,7 @@ from fleetledger.events.models import (
 from fleetledger.events.records import ImportRow, RunHead, RunSummary, check_run_id
 from fleetledger.events.schema import events, runs, snapshots
 from fleetledger.events.statements import (
+    DriverStatement,
     Statements,
     driver_cursor,
     fetch_one,
@@ -347,6 +348,11 @@ class EventLog:
     def read_stored(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
     ) -> Iterator[list[StoredRow]]:
+        return self._read_rows(self._sql.page, run, after_seq, to_seq)
+
+    def _read_rows(
+        self, page_sql: DriverStatement, run: str, after_seq: int, to_seq: int | None
+    ) -> Iterator[list[Any]]:
         """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
 
         Rows are plain ``(seq, at_us, event_id, type, schema_version, payload)`` tuples,
@@ -362,7 +368,6 @@ class EventLog:
         else:
             last = to_seq
         lo = after_seq
-        page_sql = self._sql.page
         with self._reading() as conn, driver_cursor(conn) as cursor:
             while lo < last:
                 hi = min(lo + READ_PAGE, last)
@@ -370,14 +375,21 @@ class EventLog:
                     cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
                     page = cursor.fetchall()
                 if len(page) != hi - lo:
-                    page, last = self._short_page(cursor, run, lo, hi, page, to_seq)
+                    page, last = self._short_page(cursor, page_sql, run, lo, hi, page, to_seq)
                 if page:
                     yield page
                 lo = hi
 
     def _short_page(
-        self, cursor: Any, run: str, lo: int, hi: int, page: list[StoredRow], to_seq: int | None
-    ) -> tuple[list[StoredRow], int]:
+        self,
+        cursor: Any,
+        statement: DriverStatement,
+        run: str,
+        lo: int,
+        hi: int,
+        page: list[Any],
+        to_seq: int | None,
+    ) -> tuple[list[Any], int]:
         """A page with fewer rows than its bounds ask: past the head, or damage.
 
         Without ``to_seq`` the head was looked up before reading, so any missing row is
@@ -391,7 +403,6 @@ class EventLog:
                 head = self._require_run(conn, run).seq  # an unknown run is an error
             end = max(lo, min(hi, head))
             if len(page) != end - lo:
-                statement = self._sql.page
                 cursor.execute(statement.sql, statement.params(run=run, lo=lo, hi=end))
                 page = cursor.fetchall()
             if len(page) == end - lo:
@@ -412,9 +423,13 @@ class EventLog:
         self, run: str, after_seq: int = 0, to_seq: int | None = None, *, ids: bool = True
     ) -> Iterator[list[RecordedEvent]]:
         """``read`` a page at a time; ``ids=False``: for a fold, events without their ids,
-        one shared event per repeated payload (``EventCodec.decode_rows``)."""
+        one shared event per repeated payload (``EventCodec.decode_contents``)."""
+        if not ids:
+            for rows in self._read_rows(self._sql.content_page, run, after_seq, to_seq):
+                yield self.codec.decode_contents(run, rows)
+            return
         for page in self.read_stored(run, after_seq, to_seq):
-            yield self.codec.decode_rows(run, page, ids=ids)
+            yield self.codec.decode_rows(run, page)
 
     def seq_at(self, run: str, at_us: int, *, head: RunHead | None = None) -> int:
         """The last seq of ``run`` whose stored time is at or before ``at_us``.

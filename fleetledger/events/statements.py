@@ -87,6 +87,24 @@ class Statements:
             .order_by(events.c.seq),
             dialect,
         )
+        # The page a fold reads: the same rows without their ids, which a fold never
+        # reads (a fifth less to fetch; ``EventCodec.decode_contents``).
+        self.content_page = DriverStatement(
+            select(
+                events.c.seq,
+                events.c.at_us,
+                events.c.type,
+                events.c.schema_version,
+                events.c.payload,
+            )
+            .where(
+                events.c.run_id == bindparam("run"),
+                events.c.seq > bindparam("lo"),
+                events.c.seq <= bindparam("hi"),
+            )
+            .order_by(events.c.seq),
+            dialect,
+        )
         # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
         self.time_of = DriverStatement(
             select(events.c.at_us).where(

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from fleetledger.errors import FleetledgerError
+from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -250,23 +251,38 @@ class FleetView:
         """
         shards = self.shards
         count = len(shards)
-        for recorded in page:
-            run, seq, at_us, event = recorded
-            if seq == self.seq + 1 and run == self.run:
-                kind = type(event)
-                if kind is ProbeSucceeded:
-                    shard = event.shard  # type: ignore[attr-defined]
-                    if shard < count and healthy_probe_ok(shards[shard], at_us):
-                        self.seq = seq
-                        self.at_us = at_us
-                        continue
-                elif kind is ProbeRound and not event.failed and not event.died:  # type: ignore[attr-defined]
-                    if all_healthy_probes_ok(shards, event.ok, at_us):  # type: ignore[attr-defined]
-                        self.seq = seq
-                        self.at_us = at_us
-                        continue
-            epoch = self.epoch
-            yield recorded, self.apply(recorded), epoch
+        healthy = ShardState.HEALTHY
+        run = self.run
+        # The position as of the last event folded; written back before anything else
+        # reads it (``apply``, the caller after a yield) and at the end of the page.
+        last_seq, last_at = self.seq, self.at_us
+        try:
+            for recorded in page:
+                recorded_run, seq, at_us, event = recorded
+                if seq == last_seq + 1 and recorded_run == run:
+                    kind = type(event)
+                    if kind is ProbeSucceeded:
+                        shard = event.shard  # type: ignore[attr-defined]
+                        if shard < count:
+                            r = shards[shard]
+                            if r.state is healthy:  # healthy_probe_ok inlined: most of a run
+                                r.probe_failures = 0
+                                r.probe_evidence = ()
+                                r.probe_successes += 1
+                                r.last_ok_at_us = at_us
+                                last_seq, last_at = seq, at_us
+                                continue
+                    elif kind is ProbeRound and not event.failed and not event.died:  # type: ignore[attr-defined]
+                        if all_healthy_probes_ok(shards, event.ok, at_us):  # type: ignore[attr-defined]
+                            last_seq, last_at = seq, at_us
+                            continue
+                self.seq, self.at_us = last_seq, last_at
+                epoch = self.epoch
+                transitions = self.apply(recorded)
+                last_seq, last_at = self.seq, self.at_us
+                yield recorded, transitions, epoch
+        finally:  # the position is the last event folded, however the page ends
+            self.seq, self.at_us = last_seq, last_at
 
     def _check_shards(self, seq: int, event: Event, shards: Iterable[int]) -> None:
         """Refuse, before anything changes, an event naming a shard this fleet lacks.
@@ -463,16 +479,21 @@ def fold(events: Iterable[RecordedEvent], into: FleetView | None = None) -> Flee
 def fold_pages(
     pages: Iterable[Sequence[RecordedEvent]], into: FleetView | None = None
 ) -> FleetView:
-    """``fold`` of pages of events (as the log reads them), through the quiet fast path."""
+    """``fold`` of pages of events (as the log reads them), through the quiet fast path.
+
+    The cycle collector waits until the fold is done: a fold allocates millions of
+    acyclic objects, and collecting them as they go costs more than folding them.
+    """
     view = into
-    for page in pages:
-        if not page:
-            continue
-        if view is None:
-            view = FleetView.start(page[0])
-            page = page[1:]
-        for _ in view.apply_page(page):
-            pass
+    with cyclic_gc_paused():
+        for page in pages:
+            if not page:
+                continue
+            if view is None:
+                view = FleetView.start(page[0])
+                page = page[1:]
+            for _ in view.apply_page(page):
+                pass
     if view is None:
         raise ProjectionError("nothing to fold: a run needs at least its run_started event")
     return view
