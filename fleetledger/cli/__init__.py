@@ -7,6 +7,7 @@ from fleetledger.cli import (  # noqa: F401 - imported for their commands
     explain_commands,
     ledger_commands,
     replay_commands,
+    router_commands,
     simulate_commands,
     timeline_commands,
 )

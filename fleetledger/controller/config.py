@@ -273,14 +273,38 @@ class RefitConfig(_Section):
 
 
 class RouterConfig(_Section):
-    """The one stable URL in front of the engines. Off by default."""
+    """The one stable URL in front of the engines. Off by default.
+
+    The timeouts may be left unset in a config file; the router then uses bounded
+    defaults (:attr:`connect_bound_s`, :attr:`backend_bound_s`), because an unbounded
+    backend call is the reference client's hang: it retried a refused connection in an
+    uncapped loop with no HTTP timeout, and a dead engine kept ~1/N of the rollouts.
+    """
 
     PREFIX: ClassVar[str] = "router."
+
+    DEFAULT_CONNECT_TIMEOUT_S: ClassVar[float] = 5.0
+    DEFAULT_BACKEND_TIMEOUT_S: ClassVar[float] = 300.0
 
     enabled: bool = False
     connect_timeout_s: Seconds | None = None
     backend_timeout_s: Seconds | None = None
     no_healthy_status: int = Field(default=409, ge=400, le=599)
+
+    @property
+    def backend_bound_s(self) -> float:
+        """The bound on one backend call, whole body included (default 300 s)."""
+        if self.backend_timeout_s is not None:
+            return self.backend_timeout_s
+        return self.DEFAULT_BACKEND_TIMEOUT_S
+
+    @property
+    def connect_bound_s(self) -> float:
+        """The bound on connecting to a backend (default 5 s, or the backend bound if
+        that is shorter: connecting is part of the backend call)."""
+        if self.connect_timeout_s is not None:
+            return self.connect_timeout_s
+        return min(self.DEFAULT_CONNECT_TIMEOUT_S, self.backend_bound_s)
 
     @model_validator(mode="after")
     def _coherent(self) -> RouterConfig:
@@ -290,14 +314,15 @@ class RouterConfig(_Section):
                 f"router's clients retry ({sorted(CLIENT_RETRIED_STATUSES)}): with no serving "
                 "shard they would retry forever; use a non-retried 4xx such as 409"
             )
-        if (
-            self.connect_timeout_s is not None
-            and self.backend_timeout_s is not None
-            and self.connect_timeout_s > self.backend_timeout_s
-        ):
+        if self.connect_timeout_s is not None and self.connect_timeout_s > self.backend_bound_s:
+            backend = (
+                f"{self._key('backend_timeout_s')}={self.backend_timeout_s}"
+                if self.backend_timeout_s is not None
+                else f"the default {self._key('backend_timeout_s')} of {self.backend_bound_s:g}"
+            )
             raise ValueError(
                 f"{self._key('connect_timeout_s')}={self.connect_timeout_s} must not exceed "
-                f"{self._key('backend_timeout_s')}={self.backend_timeout_s}: connecting is "
+                f"{backend}: connecting is "
                 "part of the backend call; lower connect_timeout_s or raise backend_timeout_s"
             )
         return self

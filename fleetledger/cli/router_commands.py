@@ -1,0 +1,61 @@
+"""``fleetledger router``: the one stable URL in front of a run's fleet, as its own process.
+
+A writing command (it appends the run's outcome windows), so it may load the
+controller; it does so only when it runs, because importing this module registers the
+command for every invocation, the read-only ones included.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from fleetledger.cli.app import DbOption, app, cli_errors
+from fleetledger.cli.output import CommandLineError, say
+from fleetledger.events.db_urls import resolve_db_url
+
+
+@app.command()
+@cli_errors
+def router(
+    run: Annotated[str, typer.Argument(help="The run whose serving shards to route to.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on; 0 picks a free one (printed).")] = 0,
+    window_s: Annotated[
+        float, typer.Option("--window-s", help="Seconds per outcome window handed to the ledger.")
+    ] = 1.0,
+    poll_s: Annotated[
+        float, typer.Option("--poll-s", help="Seconds between reads of the run's tail.")
+    ] = 0.25,
+    name: Annotated[str, typer.Option(help="Adapter name its outcome windows carry.")] = "router",
+    db: DbOption = None,
+) -> None:
+    """Serve http://HOST:PORT/v1 over the run's serving shards, membership from the ledger.
+
+    Prints the URL once listening; runs until SIGTERM or SIGINT, then hands the last
+    window of outcomes to the ledger and exits 0. Refuses an unknown or ended run.
+    """
+    try:
+        from fleetledger.controller.router import Router
+    except ImportError as exc:
+        raise CommandLineError(
+            f"router needs aiohttp ({exc.name} is not installed): pip install aiohttp"
+        ) from None
+    served = Router(
+        resolve_db_url(db), run, host=host, port=port, name=name, window_s=window_s, poll_s=poll_s
+    )
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    say(served.url)
+    sys.stdout.flush()
+    served.serve_forever(stop)

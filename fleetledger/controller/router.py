@@ -1,0 +1,425 @@
+"""The router: one stable URL in front of the fleet, fed by the ledger.
+
+Why it exists: the rollout client picks an engine by static round-robin over a list
+fixed at start, never fails over, and retries a refused connection forever — a dead
+engine keeps ~1/N of the new rollouts for the rest of the run. So the client is given
+one URL, ``http://host:port/v1``, and routing moves next to fleet health.
+
+Theory of operation. One :class:`Router` serves one run. In ``__init__`` it checks the
+run (unknown or ended: :class:`RouterError`), loads the run's view — the true
+membership, before it serves a single request — and binds its socket on the calling
+thread, so a port conflict fails construction rather than a background thread. Once
+started it runs three things on one event loop:
+
+- the **handler** (allow-listed routes only, anything else 404 and never forwarded):
+  choose a backend (``router_membership.choose``), forward (``router_proxy.forward``),
+  count the outcome;
+- the **follower**: every ``poll_s`` it folds the run's tail off the loop and swaps in
+  the new membership snapshot; when the run ends it stops, and the router answers
+  every request with the no-healthy status;
+- the **reporter**: every ``window_s`` it hands the window of outcomes (successes and
+  failures per shard) to the ledger as one ``outcome_window_reported`` event from the
+  adapter ``name``; :meth:`Router.stop` hands over the last one.
+
+Outcome rules: a 2xx/3xx answer is a success of the shard; an error status is
+classified by the taxonomy (5xx, 408, 429: the shard's failure; other 4xx: the
+prompt's, recorded as data and not held against the shard); a timeout or connection
+error is the shard's failure and avoids it locally (rule in ``router_membership``). An
+outcome of a URL that no longer belongs to the fleet — the shard's base URL changed
+while the request was in flight — is dropped with a log line: it says nothing about
+the replacement. A client that went away is nobody's outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from pydantic import ValidationError
+
+from fleetledger.controller.config import ControllerConfig, RouterConfig
+from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.controller.router_membership import (
+    Avoidance,
+    Backend,
+    Membership,
+    MembershipFollower,
+    choose,
+)
+from fleetledger.controller.router_metrics import RouterMetrics
+from fleetledger.controller.router_proxy import Forwarded, error_response, forward
+from fleetledger.errors import FleetledgerError
+from fleetledger.events.errors import AppendRejected, LedgerError
+from fleetledger.events.log import EventLog
+
+__all__ = ["ROUTES", "Router", "RouterError", "reserve_port", "run_router"]
+
+_log = structlog.get_logger("fleetledger.router")
+
+ROUTES = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize"}
+)
+STOP_GRACE_S = 5.0  # in-flight requests a stopping router lets finish
+
+
+class RouterError(FleetledgerError):
+    """The router cannot serve: an unknown or ended run, a bad setting, a taken port."""
+
+
+def reserve_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` (bound to 0, read, closed), reserved once so that a
+    restarted router binds the same address and its clients never re-resolve."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(_family(host), socket.SOCK_STREAM)
+    try:
+        # SO_REUSEADDR: a restarted router rebinds its port while old connections sit in
+        # TIME_WAIT; it does not let two live routers share a port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror or exc
+        raise RouterError(f"router: cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+def recorded_router_config(run: str, settings: Mapping[str, Any]) -> RouterConfig:
+    """The router section the run recorded in ``run_started`` (defaults if it has none):
+    a router started from the command line serves with the run's own settings."""
+    try:
+        return ControllerConfig.from_recorded(settings).router
+    except ValidationError:
+        section = settings.get("router")
+        if not isinstance(section, Mapping):
+            return RouterConfig()
+        try:
+            return RouterConfig.model_validate(dict(section))
+        except ValidationError as exc:
+            problem = exc.errors(include_url=False)[0]["msg"]
+            raise RouterError(
+                f"router: run {run!r} recorded a router configuration that does not "
+                f"validate: {problem}"
+            ) from None
+
+
+class Router:
+    """An aiohttp reverse proxy over the serving shards of one run (module docstring)."""
+
+    def __init__(
+        self,
+        db_url: str,
+        run: str,
+        config: RouterConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        name: str = "router",
+        window_s: float = 1.0,
+        poll_s: float = 0.25,
+    ) -> None:
+        if not name:
+            raise RouterError("router: name must be non-empty (it is the recorded adapter name)")
+        for what, value in (("window_s", window_s), ("poll_s", poll_s)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise RouterError(f"router: {what} must be a positive number, got {value!r}")
+        if not 0 <= port <= 65535:
+            raise RouterError(f"router: port {port} is not a TCP port (0..65535)")
+        self.run = run
+        self.name = name
+        self.window_s = float(window_s)
+        self.poll_s = float(poll_s)
+        self._log_db = self._open(db_url, run)
+        try:
+            self._follower = MembershipFollower(self._log_db, run)
+            membership = self._follower.membership
+            if membership.ended is not None:
+                raise RouterError(
+                    f"router: run {run!r} ended {membership.ended}; a router serves only a live run"
+                )
+            self.config = config or recorded_router_config(
+                run, self._log_db.run_head(run).config.settings
+            )
+            self._sock = _bind(host, port)
+        except LedgerError as exc:
+            self._log_db.close()
+            raise RouterError(f"router: {exc}") from None
+        except BaseException:
+            self._log_db.close()
+            raise
+        self.host = host
+        self.port = int(self._sock.getsockname()[1])
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.port}/v1"
+        self.metrics = RouterMetrics(run)
+        self.reporter = OutcomeReporter(db_url, run, name, window_s=math.inf)  # timer below
+        self.avoidance = Avoidance()
+        self._membership = membership
+        self._in_flight: dict[int, int] = {}
+        self._note_routable()
+        self.app = web.Application()
+        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+
+    @staticmethod
+    def _open(db_url: str, run: str) -> EventLog:
+        try:
+            return EventLog.open(db_url, mode="read")
+        except LedgerError as exc:
+            raise RouterError(f"router for run {run!r}: {exc}") from None
+
+    # ── read side ───────────────────────────────────────────────────────────
+
+    @property
+    def membership(self) -> Membership:
+        """The membership the router routes by now."""
+        return self._membership
+
+    @property
+    def seq(self) -> int:
+        """The last seq of the run the router has folded."""
+        return self._membership.seq
+
+    @property
+    def routable(self) -> tuple[int, ...]:
+        """Shards a request may go to now: serving, HTTP, not avoided."""
+        avoided = self.avoidance.avoided
+        return tuple(s for s in self._membership.routable if s not in avoided)
+
+    def in_flight(self, shard: int) -> int:
+        return self._in_flight.get(shard, 0)
+
+    # ── lifecycle ───────────────────────────────────────────────────────────
+
+    async def start(self) -> None:
+        """Serve on the socket bound in ``__init__``; follow the run; report windows."""
+        if self._runner is not None or self._stopped:
+            raise RouterError(f"router for run {self.run!r}: start() may be called once")
+        timeout = aiohttp.ClientTimeout(
+            total=self.config.backend_bound_s, sock_connect=self.config.connect_bound_s
+        )
+        # No connection-pool cap: a cap queues rollouts inside the router, invisibly.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        )
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=STOP_GRACE_S)
+        await self._runner.setup()
+        await web.SockSite(self._runner, self._sock).start()
+        self._tasks = [
+            asyncio.create_task(self._follow(), name=f"router-follow-{self.run}"),
+            asyncio.create_task(self._report(), name=f"router-report-{self.run}"),
+        ]
+        _log.info("router serving", run=self.run, url=self.url, routable=self.routable)
+
+    async def stop(self) -> None:
+        """Stop serving (in-flight requests get ``STOP_GRACE_S``), then hand over the
+        last window of outcomes. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        else:
+            self._sock.close()
+        if self._session is not None:
+            await self._session.close()
+        await asyncio.to_thread(self._close_ledger)
+
+    def serve_forever(self, stop: threading.Event | None = None) -> None:
+        """Run the router on an event loop of its own in the calling thread until ``stop``
+        is set (or the loop is interrupted); the last window is handed over either way."""
+        asyncio.run(self._serve(stop))
+
+    async def _serve(self, stop: threading.Event | None) -> None:
+        await self.start()
+        try:
+            while stop is None or not stop.is_set():
+                await asyncio.sleep(0.05)
+        finally:
+            await self.stop()
+
+    # ── following the run ───────────────────────────────────────────────────
+
+    async def _follow(self) -> None:
+        failing = ""
+        while self._membership.ended is None:
+            await asyncio.sleep(self.poll_s)
+            try:
+                membership = await asyncio.to_thread(self._follower.poll)
+            except Exception as exc:  # the ledger is unreachable: route by what we know
+                if str(exc) != failing:
+                    failing = str(exc)
+                    _log.warning("router cannot read the run's tail", run=self.run, error=failing)
+                continue
+            failing = ""
+            self._apply(membership)
+        _log.info("run ended: answering the no-healthy status", run=self.run)
+
+    def _apply(self, membership: Membership) -> None:
+        self._membership = membership
+        for shard in self.avoidance.lift(membership):
+            _log.info(
+                "backend routable again: the ledger named it after its failure",
+                run=self.run,
+                shard=shard,
+                seq=membership.seq,
+            )
+        self._note_routable()
+
+    def _note_routable(self) -> None:
+        self.metrics.serving_backends.set(len(self.routable))
+
+    # ── outcomes ────────────────────────────────────────────────────────────
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(self.window_s)
+            await asyncio.to_thread(self._flush)
+
+    def _flush(self) -> None:
+        try:
+            self.reporter.flush()
+        except AppendRejected as exc:  # e.g. the run ended: the window cannot be recorded
+            _log.warning("outcome window dropped", run=self.run, reason=str(exc))
+        except Exception as exc:  # kept by the reporter; the next flush appends it first
+            _log.warning("outcome window not handed over yet", run=self.run, error=str(exc))
+
+    def _close_ledger(self) -> None:
+        try:
+            self._flush()
+            self.reporter.close()  # nothing left to append unless the flush above failed
+        except Exception as exc:
+            _log.warning("last outcome window not handed over", run=self.run, error=str(exc))
+        finally:
+            self._log_db.close()
+
+    def _account(self, backend: Backend, done: Forwarded) -> None:
+        if done.client_gone and done.error is None:
+            return  # a client that went away is not the shard's failure
+        shard = backend.shard
+        if done.error is not None:
+            self.metrics.backend_errors.labels(shard=str(shard)).inc()
+            # Story: the reference kept routing to a dead engine; avoid it until the
+            # ledger has said something about it since.
+            self.avoidance.avoid(shard, backend.base_url, self._membership.seq)
+            self._note_routable()
+        if self._membership.url_of(shard) != backend.base_url:
+            _log.warning(
+                "outcome dropped: the shard's base URL changed while the request was in flight",
+                run=self.run,
+                shard=shard,
+                base_url=backend.base_url,
+                now=self._membership.url_of(shard),
+            )
+            return
+        if done.error is not None:
+            self.reporter.failure(shard, done.error)
+        elif done.status is not None and done.status >= 400:
+            self.reporter.failure(shard, status=done.status, detail=done.detail)
+        elif done.status is not None:
+            self.reporter.success(shard)
+
+    # ── the handler ─────────────────────────────────────────────────────────
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path == "/metrics":
+            return web.Response(body=self.metrics.render(), content_type="text/plain")
+        if path not in ROUTES:
+            self.metrics.requests.labels(route="other", status="404").inc()
+            return error_response(
+                404,
+                "not_found",
+                f"{path} is not a route of this router (routes: {', '.join(sorted(ROUTES))})",
+            )
+        arrived = time.monotonic()
+        membership = self._membership
+        backend = choose(membership.backends, self._in_flight, self.avoidance.avoided)
+        if backend is None or membership.ended is not None or backend.origin is None:
+            return self._no_healthy(path, membership)
+        shard = backend.shard
+        self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
+        try:
+            done = await forward(request, self._session_or_fail(), backend.origin, shard=shard)
+        finally:
+            left = self._in_flight.get(shard, 0) - 1
+            if left > 0:
+                self._in_flight[shard] = left
+            else:
+                self._in_flight.pop(shard, None)  # floored at 0: a stray release is harmless
+        self._account(backend, done)
+        # "cut": the backend failed after its answer had started; the client's
+        # connection was cut without the final chunk.
+        status = "cut" if done.error is not None and done.status is not None else None
+        self.metrics.requests.labels(route=path, status=status or str(done.response.status)).inc()
+        if done.first_byte_at is not None:
+            self.metrics.added_latency.observe(
+                max(0.0, done.first_byte_at - arrived - done.backend_wait_s)
+            )
+        return done.response
+
+    def _no_healthy(self, path: str, membership: Membership) -> web.Response:
+        status = self.config.no_healthy_status
+        self.metrics.no_healthy.inc()
+        self.metrics.requests.labels(route=path, status=str(status)).inc()
+        if membership.ended is not None:
+            why = f"run {self.run!r} ended {membership.ended}"
+        else:
+            fleet = ", ".join(f"{s} {n}" for s, n in membership.counts.items() if n)
+            avoided = sorted(self.avoidance.avoided)
+            not_http = [b.shard for b in membership.backends if b.serving and b.origin is None]
+            why = f"run {self.run!r} at seq {membership.seq} (fleet: {fleet}"
+            why += f"; avoided after errors: {avoided}" if avoided else ""
+            why += f"; not HTTP: {not_http}" if not_http else ""
+            why += ")"
+        return error_response(
+            status, "no_healthy_shards", f"no healthy shards: no serving backend for {why}"
+        )
+
+    def _session_or_fail(self) -> aiohttp.ClientSession:
+        if self._session is None:  # pragma: no cover - the site only runs after start()
+            raise RouterError(f"router for run {self.run!r} was not started")
+        return self._session
+
+
+def run_router(
+    db_url: str,
+    run: str,
+    config: RouterConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    name: str = "router",
+    window_s: float = 1.0,
+    poll_s: float = 0.25,
+    stop: threading.Event | None = None,
+) -> None:
+    """Build a :class:`Router` and serve it in the calling thread until ``stop`` is set."""
+    Router(
+        db_url, run, config, host=host, port=port, name=name, window_s=window_s, poll_s=poll_s
+    ).serve_forever(stop)

@@ -1,0 +1,785 @@
+"""The router, end to end over real sockets: aiohttp engines recorded as the shards' base
+URLs in a real ledger, the router in front of them, the real ``openai`` client (and
+raw HTTP) where a user would be, and the ledger read back for what the router reported.
+
+The fake engines answer the OpenAI routes deterministically (the same request gives the
+same bytes) and count what they receive, so every test can say which engine saw what.
+Nothing here asserts on timing: waits are for a condition, bounded only so a broken
+router fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from fleetledger.controller.config import ControllerConfig, RouterConfig
+from fleetledger.controller.failure_taxonomy import FailureKind, classify_http_status
+from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.controller.router import Router, RouterError, reserve_port
+from fleetledger.controller.router_membership import Backend, choose, origin_of
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import OutcomeWindowReported
+from fleetledger.projections.shard_states import ShardState
+
+RUN = "run-router"
+
+
+# ── fake engines ─────────────────────────────────────────────────────────────
+
+
+class Loop:
+    """An asyncio loop in a thread, for servers the synchronous test code talks to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+class Engine:
+    """A small OpenAI-compatible aiohttp server on 127.0.0.1 that counts what it receives.
+
+    ``mode``: ``ok``; ``hang_up`` (reads the request, then closes the connection without
+    answering); ``cut`` (starts a streamed answer, then closes the connection); or an
+    int, the status every generation is answered with.
+    """
+
+    def __init__(self, loop: Loop, name: str) -> None:
+        self.name = name
+        self.loop = loop
+        self.mode: str | int = "ok"
+        self.received: Counter[str] = Counter()
+        self.gate: asyncio.Event | None = None  # generations wait for it when set
+        self.midway: asyncio.Event | None = None  # streams wait for it after one event
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        self.runner = web.AppRunner(app)
+        self.port = loop.run(self._start())
+
+    async def _start(self) -> int:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def generations(self) -> int:
+        return self.received["/v1/completions"] + self.received["/v1/chat/completions"]
+
+    def hold(self) -> None:
+        """Make generations wait until :meth:`release`."""
+        self.gate = self.loop.run(_new_event())
+
+    def hold_midway(self) -> None:
+        """Make streams wait after their first event until :meth:`release`."""
+        self.midway = self.loop.run(_new_event())
+
+    def release(self) -> None:
+        for gate in (self.gate, self.midway):
+            if gate is not None:
+                self.loop.loop.call_soon_threadsafe(gate.set)
+
+    def stop(self) -> None:
+        self.loop.run(self.runner.cleanup())
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received[request.path] += 1
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        self.received[request.path] += 1
+        body = await request.json()
+        return web.json_response({"tokens": [ord(c) for c in body.get("prompt", "")]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        self.received[request.path] += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.mode == "hang_up":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if isinstance(self.mode, int):
+            message = "maximum context length is 16 tokens" if self.mode == 400 else "engine busy"
+            return web.json_response({"error": {"message": message}}, status=self.mode)
+        tokens = _tokens(body, chat)
+        if not body.get("stream"):
+            return web.json_response(_answer(tokens, chat, body.get("logprobs")))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i, token in enumerate(tokens):
+            if self.mode == "cut" and i == 2:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            await response.write(f"data: {json.dumps(_chunk(token, i, chat))}\n\n".encode())
+            if i == 0 and self.midway is not None:
+                await self.midway.wait()
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+def _tokens(body: dict[str, Any], chat: bool) -> list[str]:
+    seed = json.dumps(body.get("messages") if chat else body.get("prompt"), sort_keys=True)
+    digest = hashlib.sha256(seed.encode()).hexdigest()
+    return [f"t{digest[i % 60 : i % 60 + 4]}" for i in range(int(body.get("max_tokens", 8)))]
+
+
+def _logprobs(tokens: list[str]) -> dict[str, Any]:
+    return {
+        "tokens": tokens,
+        "token_logprobs": [-0.1 * (i + 1) for i in range(len(tokens))],
+        "top_logprobs": [{t: -0.1, f"{t}x": -2.5, f"{t}y": -3.25} for t in tokens],
+        "text_offset": list(range(len(tokens))),
+    }
+
+
+def _answer(tokens: list[str], chat: bool, logprobs: object) -> dict[str, Any]:
+    text = "".join(tokens)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+        choice["logprobs"] = _logprobs(tokens) if logprobs else None
+    return {
+        "id": "cmpl-fixed",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": 1,
+        "model": "tiny",
+        "choices": [choice],
+        "usage": {"prompt_tokens": 1, "completion_tokens": len(tokens), "total_tokens": 1},
+    }
+
+
+def _chunk(token: str, i: int, chat: bool) -> dict[str, Any]:
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": token}, "finish_reason": None}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": token, "logprobs": _logprobs([token]), "finish_reason": None}
+        kind = "text_completion"
+    return {"id": f"c{i}", "object": kind, "created": 1, "model": "tiny", "choices": [choice]}
+
+
+# ── fixtures and helpers ─────────────────────────────────────────────────────
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def engines(loop: Loop) -> Iterator[list[Engine]]:
+    started = [Engine(loop, f"e{i}") for i in range(3)]
+    yield started
+    for engine in started:
+        engine.release()
+        engine.stop()
+
+
+def start_run(url: str, base_urls: list[str], run: str = RUN) -> Ledger:
+    config = ControllerConfig().fleet_config(
+        shard_count=len(base_urls), train_world_size=1, base_urls=base_urls
+    )
+    return Ledger.start(EventLog.open(url), run, config)
+
+
+class Running:
+    """A router served in a thread of its own through ``serve_forever`` (as the CLI and
+    an actor run it); the test talks to it over its socket."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=router.serve_forever, args=(self.stop_event,))
+        self.thread.start()
+        self.client = openai.OpenAI(base_url=router.url, api_key="unused", max_retries=0)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+    def wait_for_seq(self, seq: int) -> None:
+        wait_until(lambda: self.router.seq >= seq, f"the router to fold seq {seq}")
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def make(url: str, run: str = RUN, **kwargs: Any) -> Running:
+        kwargs.setdefault("poll_s", 0.05)
+        running = Running(Router(url, run, **kwargs))
+        started.append(running)
+        return running
+
+    yield make
+    for running in started:
+        if running.thread.is_alive():
+            running.stop()
+
+
+def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 20.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def windows(url: str, run: str = RUN) -> list[OutcomeWindowReported]:
+    with EventLog.open(url, mode="read") as log:
+        return [r.event for r in log.read(run) if isinstance(r.event, OutcomeWindowReported)]
+
+
+def reported(url: str, run: str = RUN) -> dict[int, tuple[int, Counter[tuple[str, str]]]]:
+    """Per shard: successes and failures by (category, reason), over every window."""
+    totals: dict[int, tuple[int, Counter[tuple[str, str]]]] = {}
+    for window in windows(url, run):
+        assert window.adapter == "router"
+        for o in window.outcomes:
+            ok, bad = totals.get(o.shard, (0, Counter()))
+            for f in o.failures:
+                bad[(f.category, f.reason)] += f.count
+            totals[o.shard] = (ok + o.successes, bad)
+    return totals
+
+
+def state_of(ledger: Ledger, shard: int) -> ShardState:
+    ledger.catch_up()
+    return ledger.view.state_of(shard)
+
+
+def complete(client: openai.OpenAI, prompt: str = "hi") -> str:
+    return client.completions.create(model="tiny", prompt=prompt, max_tokens=4).choices[0].text
+
+
+# ── membership and selection ─────────────────────────────────────────────────
+
+
+def test_a_dead_shard_in_the_ledger_gets_no_request(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    running = serve(sqlite_url)
+    ledger.actor_died(1, "ActorDiedError: killed")
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (0, 2)
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda i: complete(running.client, f"p{i}"), range(12)))
+    assert engines[1].generations == 0
+    assert engines[0].generations + engines[2].generations == 12
+
+
+def test_sequential_requests_tie_to_the_lowest_shard_and_concurrent_ones_spread(
+    sqlite_url, engines, serve
+):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    running = serve(sqlite_url)
+    for i in range(3):  # nothing outstanding at each choice: ties go to shard 0
+        complete(running.client, f"p{i}")
+    assert (engines[0].generations, engines[1].generations) == (3, 0)
+    for engine in engines[:2]:
+        engine.hold()
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(complete, running.client, f"q{i}") for i in range(4)]
+        wait_until(lambda: engines[0].generations + engines[1].generations == 7, "4 dispatches")
+        # Least outstanding: two held on each, whatever order they arrived in.
+        assert (engines[0].generations, engines[1].generations) == (5, 2)
+        assert (running.router.in_flight(0), running.router.in_flight(1)) == (2, 2)
+        for engine in engines[:2]:
+            engine.release()
+        for future in futures:
+            future.result()
+    assert (running.router.in_flight(0), running.router.in_flight(1)) == (0, 0)
+
+
+def test_a_shard_whose_base_url_is_not_http_is_skipped(sqlite_url, engines, serve):
+    start_run(sqlite_url, ["ray://shard-0", engines[1].base_url])
+    running = serve(sqlite_url)
+    assert running.router.routable == (1,)
+    complete(running.client)
+    assert engines[1].generations == 1
+
+
+# ── pass-through ─────────────────────────────────────────────────────────────
+
+
+def test_payloads_with_logprobs_and_streams_arrive_byte_identical(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    direct = openai.OpenAI(base_url=engines[0].base_url, api_key="unused", max_retries=0)
+    routed = running.client
+    # ~100 KiB up, ~160 KiB down with per-token logprobs: several 64 KiB chunks each way.
+    big = {"model": "tiny", "prompt": "x" * 100_000, "max_tokens": 2000, "logprobs": 3}
+    a = direct.completions.with_raw_response.create(**big)
+    b = routed.completions.with_raw_response.create(**big)
+    assert len(a.content) > 2 * 64 * 1024
+    assert a.content == b.content
+    assert b.parse().choices[0].logprobs.token_logprobs[:2] == [-0.1, -0.2]
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}
+    for kind in ("completions", "chat"):
+        api_direct = direct.completions if kind == "completions" else direct.chat.completions
+        api_routed = routed.completions if kind == "completions" else routed.chat.completions
+        args = big | {"max_tokens": 50} if kind == "completions" else chat
+        with api_direct.with_streaming_response.create(**args, stream=True) as one:
+            expected = b"".join(one.iter_bytes())
+        with api_routed.with_streaming_response.create(**args, stream=True) as two:
+            assert two.headers["content-type"].startswith("text/event-stream")
+            assert b"".join(two.iter_bytes()) == expected
+        events = list(api_routed.create(**args, stream=True))
+        assert len(events) == args["max_tokens"]
+    models = routed.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert http("POST", running.router.url.removesuffix("/v1") + "/tokenize", {"prompt": "ab"}) == (
+        200,
+        b'{"tokens": [97, 98]}',
+    )
+    assert engines[0].received["/tokenize"] == 1 and engines[0].received["/v1/models"] == 1
+
+
+def test_a_stream_reaches_the_client_as_it_is_generated(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    engine = engines[0]
+    engine.hold_midway()
+    stream = running.client.with_options(timeout=30).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
+    events = iter(stream)
+    # The engine waits after its first event: a router that buffered would never
+    # deliver it, and this read would time out.
+    first = next(events)
+    assert first.choices[0].delta.content
+    engine.release()
+    assert len(list(events)) == 2
+    assert engine.received["/v1/chat/completions"] == 1
+
+
+def test_backend_status_and_body_pass_through_and_4xx_is_not_the_shards_fault(
+    sqlite_url, engines, serve
+):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].mode = 400
+    status, body = http("POST", running.router.url + "/completions", {"prompt": "long"})
+    assert status == 400
+    assert json.loads(body) == {"error": {"message": "maximum context length is 16 tokens"}}
+    engines[0].mode = 503
+    with pytest.raises(openai.InternalServerError) as raised:
+        complete(running.client)
+    assert raised.value.status_code == 503
+    assert running.router.routable == (0,)  # an answer, even a 5xx, is no connection error
+    running.stop()
+    ok, bad = reported(sqlite_url)[0]
+    assert (ok, bad) == (0, Counter({("data", "context_length"): 1, ("infra", "http_503"): 1}))
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/embeddings", "/admin", "/v1/completions/extra", "/v1", "/v1/tokenize", "/"]
+)
+def test_a_route_outside_the_allow_list_is_404_and_never_forwarded(
+    sqlite_url, engines, serve, path
+):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    origin = running.router.url.removesuffix("/v1")
+    status, body = http("POST", origin + path, {"prompt": "x"})
+    assert status == 404
+    assert json.loads(body)["error"]["type"] == "not_found"
+    assert sum(engines[0].received.values()) == 0
+
+
+# ── failures ─────────────────────────────────────────────────────────────────
+
+
+def test_a_backend_that_hangs_up_is_500_recorded_and_avoided(sqlite_url, engines, serve):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    # A window that never falls due inside the test: the router's own report of the
+    # failure would name the shard and re-admit it (the rule the next test pins).
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].mode = "hang_up"
+    status, body = http("POST", running.router.url + "/completions", {"prompt": "x"})
+    assert status == 500
+    error = json.loads(body)["error"]
+    assert error["type"] == "backend_error" and "shard 0" in error["message"]
+    assert running.router.routable == (1,)
+    for i in range(4):
+        complete(running.client, f"after{i}")
+    assert (engines[0].generations, engines[1].generations) == (1, 4)
+    running.stop()
+    totals = reported(sqlite_url)
+    assert totals[1] == (4, Counter())
+    ok, bad = totals[0]
+    assert ok == 0 and sum(bad.values()) == 1 and next(iter(bad))[0] == "infra"
+
+
+def test_a_backend_killed_mid_stream_cuts_the_client_and_is_recorded(sqlite_url, engines, serve):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].mode = "cut"
+    stream = running.client.completions.create(model="tiny", prompt="p", max_tokens=5, stream=True)
+    got = []
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for event in stream:
+            got.append(event)
+    assert len(got) == 2  # the two events sent before the engine died, never a false end
+    assert running.router.routable == (1,)
+    complete(running.client)
+    assert engines[1].generations == 1
+    running.stop()
+    ok, bad = reported(sqlite_url)[0]
+    assert ok == 0 and sum(c for (kind, _), c in bad.items() if kind == "infra") == 1
+
+
+def test_an_avoided_backend_returns_when_the_ledger_next_names_it(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].mode = "hang_up"
+    assert http("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 500
+    engines[0].mode = "ok"
+    ledger.record_probes({1: ProbeResult.ok()})  # names shard 1 only
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (1,)
+    ledger.record_probes({0: ProbeResult.ok(), 1: ProbeResult.ok()})  # names shard 0
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (0, 1)
+    complete(running.client)
+    assert engines[0].generations == 2  # the failed one, and this one
+
+
+def test_the_routers_own_failure_report_readmits_the_shard_until_the_ledger_condemns_it(
+    sqlite_url, engines, serve
+):
+    # A dead engine costs at most unhealthy_threshold (3) failed requests, one per window.
+    nothing_there = f"http://127.0.0.1:{reserve_port()}/v1"  # connection refused
+    ledger = start_run(sqlite_url, [nothing_there, engines[1].base_url])
+    running = serve(sqlite_url, window_s=0.1)
+    for _ in range(3):
+        wait_until(lambda: 0 in running.router.routable, "shard 0 re-admitted")
+        status, _ = http("POST", running.router.url + "/completions", {"prompt": "x"})
+        assert status == 500
+    wait_until(lambda: state_of(ledger, 0) == ShardState.DEAD, "shard 0 recorded DEAD")
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (1,)
+    assert http("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 200
+
+
+def test_nothing_serving_answers_the_no_healthy_status_with_a_json_body(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    ledger.actor_died(0, "gone")
+    ledger.actor_died(1, "gone")
+    running = serve(sqlite_url)
+    status, body = http("POST", running.router.url + "/chat/completions", {"messages": []})
+    assert status == 409
+    error = json.loads(body)["error"]
+    assert error["type"] == "no_healthy_shards" and "DEAD 2" in error["message"]
+    # The body tells the rollout client it is the fleet's fault, though 409 is not retried.
+    assert classify_http_status(status, body.decode()).kind is FailureKind.INFRA
+    with pytest.raises(openai.ConflictError):
+        complete(running.client)
+    assert sum(sum(e.received.values()) for e in engines) == 0
+    metrics = http("GET", running.router.url.removesuffix("/v1") + "/metrics")[1].decode()
+    assert "fleetledger_router_no_healthy_total 2.0" in metrics
+    assert "fleetledger_router_serving_backends 0.0" in metrics
+
+
+def test_a_run_that_ends_while_served_is_answered_no_healthy(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url, config=RouterConfig(no_healthy_status=410))
+    complete(running.client)
+    ledger.end_run("completed", "all steps done")
+    running.wait_for_seq(ledger.view.seq)
+    status, body = http("POST", running.router.url + "/completions", {"prompt": "x"})
+    assert status == 410
+    assert "ended at seq" in json.loads(body)["error"]["message"]
+    assert engines[0].generations == 1
+
+
+# ── restarts and replacements ────────────────────────────────────────────────
+
+
+def test_a_restarted_router_on_its_port_serves_the_true_membership_at_once(
+    sqlite_url, engines, serve
+):
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    port = reserve_port()
+    first = serve(sqlite_url, port=port)
+    complete(first.client)
+    first.stop()
+    ledger.actor_died(0, "gone while the router was down")
+    second = serve(sqlite_url, port=port, poll_s=3600)  # it must not need to poll
+    assert second.router.url == first.router.url
+    assert second.router.routable == (1,)
+    complete(second.client)
+    assert (engines[0].generations, engines[1].generations) == (1, 1)
+
+
+def test_a_replacement_is_routed_at_its_new_url_once_a_refit_admits_it(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [engines[0].base_url, engines[1].base_url])
+    running = serve(sqlite_url)
+    ledger.actor_died(0, "gone")
+    ledger.restart_requested(0)
+    ledger.replacement_loaded(0, engines[2].base_url)
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (1,)  # STALE: alive, but not served
+    ledger.refit_started(1)
+    ledger.refit_completed(1)
+    running.wait_for_seq(ledger.view.seq)
+    assert running.router.routable == (0, 1)
+    complete(running.client)
+    assert (engines[0].generations, engines[2].generations) == (0, 1)
+
+
+def test_an_outcome_for_a_url_that_left_the_fleet_is_dropped(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].hold()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(complete, running.client)
+        wait_until(lambda: engines[0].generations == 1, "the request to reach engine 0")
+        ledger.restart_requested(0)
+        ledger.replacement_loaded(0, engines[1].base_url)
+        running.wait_for_seq(ledger.view.seq)
+        engines[0].release()
+        pending.result()
+    running.stop()
+    assert windows(sqlite_url) == []
+
+
+# ── outcomes in the ledger ───────────────────────────────────────────────────
+
+
+@pytest.mark.postgres
+def test_outcome_windows_match_what_the_backends_saw_on_postgresql(
+    migrated_postgres_url, engines, serve
+):
+    outcome_windows_match_what_the_backends_saw(migrated_postgres_url, engines, serve)
+
+
+def test_outcome_windows_match_what_the_backends_saw_on_sqlite(sqlite_url, engines, serve):
+    outcome_windows_match_what_the_backends_saw(sqlite_url, engines, serve)
+
+
+def outcome_windows_match_what_the_backends_saw(
+    url: str, engines: list[Engine], serve: Callable[..., Running]
+) -> None:
+    ledger = start_run(url, [e.base_url for e in engines])
+    running = serve(url, window_s=0.2)
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(lambda i: complete(running.client, f"p{i}"), range(20)))
+    running.client.models.list()
+    wait_until(lambda: len(windows(url)) >= 1, "a window handed over while serving")
+    for i in range(5):
+        complete(running.client, f"late{i}")
+    running.stop()  # the last window is handed over on stop
+    totals = reported(url)
+    seen = {i: sum(e.received.values()) for i, e in enumerate(engines)}
+    assert sum(seen.values()) == 26
+    assert {shard: ok for shard, (ok, _) in totals.items()} == {i: n for i, n in seen.items() if n}
+    assert all(not bad for _, bad in totals.values())
+    assert ledger.catch_up() is not None and ledger.view.serving == (0, 1, 2)
+
+
+# ── configuration and refusals ───────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504, 520])
+def test_a_no_healthy_status_that_clients_retry_is_refused(status):
+    with pytest.raises(ValidationError, match=f"router.no_healthy_status={status}"):
+        RouterConfig(no_healthy_status=status)
+
+
+def test_router_timeouts_have_bounded_defaults_and_connect_fits_inside_backend():
+    config = RouterConfig()
+    assert (config.connect_bound_s, config.backend_bound_s) == (5.0, 300.0)
+    assert RouterConfig(backend_timeout_s=2).connect_bound_s == 2
+    with pytest.raises(ValidationError, match=r"the default router\.backend_timeout_s of 300"):
+        RouterConfig(connect_timeout_s=301)
+
+
+def test_unknown_and_ended_runs_are_refused_in_one_line(sqlite_url, engines):
+    ledger = start_run(sqlite_url, [engines[0].base_url])
+    with pytest.raises(RouterError, match="no run 'nope'") as unknown:
+        Router(sqlite_url, "nope")
+    ledger.end_run("failed", "fleet exhausted")
+    with pytest.raises(RouterError, match=f"run '{RUN}' ended at seq 2") as ended:
+        Router(sqlite_url, RUN)
+    for raised in (unknown, ended):
+        assert "\n" not in str(raised.value)
+
+
+def test_a_taken_port_fails_construction(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    with pytest.raises(RouterError, match=f"cannot listen on 127.0.0.1:{running.router.port}"):
+        Router(sqlite_url, RUN, port=running.router.port)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"window_s": 0}, "window_s must be a positive"), ({"poll_s": -1}, "poll_s must be")],
+)
+def test_bad_router_arguments_are_refused(sqlite_url, engines, kwargs, message):
+    start_run(sqlite_url, [engines[0].base_url])
+    with pytest.raises(RouterError, match=message):
+        Router(sqlite_url, RUN, **kwargs)
+
+
+# ── the command ──────────────────────────────────────────────────────────────
+
+FLEETLEDGER = str(Path(sys.executable).with_name("fleetledger"))
+
+
+def _cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
+    return env | {"FLEETLEDGER_LOG": "warning"}
+
+
+def test_the_router_command_serves_and_flushes_on_sigterm(sqlite_url, engines, tmp_path):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    proc = subprocess.Popen(
+        [FLEETLEDGER, "router", RUN, "--db", sqlite_url, "--window-s", "3600"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_cli_env(),
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+        for i in range(3):
+            complete(client, f"p{i}")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert {s: ok for s, (ok, _) in reported(sqlite_url).items()} == {0: 3}  # ties: lowest
+
+
+@pytest.mark.parametrize("ending", ["unknown", "ended"])
+def test_the_router_command_refuses_an_unknown_or_ended_run(sqlite_url, engines, ending):
+    ledger = start_run(sqlite_url, [engines[0].base_url])
+    if ending == "ended":
+        ledger.end_run("completed", "done")
+    run = "nope" if ending == "unknown" else RUN
+    done = subprocess.run(
+        [FLEETLEDGER, "router", run, "--db", sqlite_url],
+        capture_output=True,
+        text=True,
+        env=_cli_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetledger: error: router:")
+    assert f"'{run}'" in lines[0]
+
+
+# ── the selection rule, as a property ────────────────────────────────────────
+
+
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.integers(0, 5), st.booleans()),
+        max_size=8,
+    )
+)
+def test_selection_is_least_outstanding_ties_lowest_never_unroutable_or_avoided(shards):
+    urls = [
+        f"http://h:{i}/v1" if http_url else f"ray://{i}"
+        for i, (_, http_url, *_) in enumerate(shards)
+    ]
+    backends = [
+        Backend(i, url, origin_of(url), serving)
+        for i, (url, (serving, *_)) in enumerate(zip(urls, shards, strict=True))
+    ]
+    in_flight = {i: n for i, (_, _, n, _) in enumerate(shards)}
+    avoided = {i for i, (*_, avoid) in enumerate(shards) if avoid}
+    chosen = choose(backends, in_flight, avoided)
+    eligible = [b for b in backends if b.routable and b.shard not in avoided]
+    if not eligible:
+        assert chosen is None
+        return
+    assert chosen is not None and chosen in eligible
+    least = min(in_flight[b.shard] for b in eligible)
+    assert in_flight[chosen.shard] == least
+    assert chosen.shard == min(b.shard for b in eligible if in_flight[b.shard] == least)
+
+
+def test_origin_strips_the_v1_suffix_once_and_refuses_non_http():
+    assert origin_of("http://127.0.0.1:8000/v1") == "http://127.0.0.1:8000"
+    assert origin_of("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    assert origin_of("http://h:1/engine/v1") == "http://h:1/engine"
+    assert origin_of("https://h") == "https://h"
+    assert origin_of("ray://shard-0") is None
+    assert origin_of("not a url") is None
