@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
 import os
 import signal
@@ -79,6 +80,7 @@ class Engine:
         self.loop = loop
         self.mode: str | int = "ok"
         self.received: Counter[str] = Counter()
+        self.last_headers: dict[str, str] = {}
         self.gate: asyncio.Event | None = None  # generations wait for it when set
         self.midway: asyncio.Event | None = None  # streams wait for it after one event
         app = web.Application()
@@ -121,7 +123,11 @@ class Engine:
 
     async def _models(self, request: web.Request) -> web.Response:
         self.received[request.path] += 1
-        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+        self.last_headers = dict(request.headers)
+        return web.json_response(
+            {"object": "list", "data": [{"id": "tiny", "object": "model"}]},
+            headers={"X-Engine": self.name, "Upgrade": "h2c"},
+        )
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         self.received[request.path] += 1
@@ -281,7 +287,7 @@ def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 20.0) 
         time.sleep(0.02)
 
 
-def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
+def call(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     request.add_header("Content-Type", "application/json")
@@ -394,7 +400,7 @@ def test_payloads_with_logprobs_and_streams_arrive_byte_identical(sqlite_url, en
         assert len(events) == args["max_tokens"]
     models = routed.models.list()
     assert [m.id for m in models.data] == ["tiny"]
-    assert http("POST", running.router.url.removesuffix("/v1") + "/tokenize", {"prompt": "ab"}) == (
+    assert call("POST", running.router.url.removesuffix("/v1") + "/tokenize", {"prompt": "ab"}) == (
         200,
         b'{"tokens": [97, 98]}',
     )
@@ -425,7 +431,7 @@ def test_backend_status_and_body_pass_through_and_4xx_is_not_the_shards_fault(
     start_run(sqlite_url, [engines[0].base_url])
     running = serve(sqlite_url, window_s=3600)
     engines[0].mode = 400
-    status, body = http("POST", running.router.url + "/completions", {"prompt": "long"})
+    status, body = call("POST", running.router.url + "/completions", {"prompt": "long"})
     assert status == 400
     assert json.loads(body) == {"error": {"message": "maximum context length is 16 tokens"}}
     engines[0].mode = 503
@@ -438,6 +444,35 @@ def test_backend_status_and_body_pass_through_and_4xx_is_not_the_shards_fault(
     assert (ok, bad) == (0, Counter({("data", "context_length"): 1, ("infra", "http_503"): 1}))
 
 
+def test_hop_by_hop_headers_are_stripped_both_ways_and_the_rest_pass(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    conn = http.client.HTTPConnection("127.0.0.1", running.router.port, timeout=30)
+    conn.request(
+        "GET",
+        "/v1/models?verbose=1",
+        headers={
+            "Connection": "keep-alive, X-Hop",
+            "X-Hop": "named by Connection",
+            "Keep-Alive": "timeout=5",
+            "Proxy-Authorization": "Basic eA==",
+            "TE": "trailers",
+            "Upgrade": "websocket",
+            "X-Custom": "kept",
+            "Authorization": "Bearer kept",
+        },
+    )
+    answer = conn.getresponse()
+    assert answer.status == 200 and json.loads(answer.read())["data"][0]["id"] == "tiny"
+    assert answer.getheader("X-Engine") == "e0" and answer.getheader("Upgrade") is None
+    conn.close()
+    seen = {k.lower(): v for k, v in engines[0].last_headers.items()}
+    assert seen["x-custom"] == "kept" and seen["authorization"] == "Bearer kept"
+    for hop in ("x-hop", "keep-alive", "proxy-authorization", "te", "upgrade"):
+        assert hop not in seen, hop
+    assert seen["host"] == f"127.0.0.1:{engines[0].port}"
+
+
 @pytest.mark.parametrize(
     "path", ["/v1/embeddings", "/admin", "/v1/completions/extra", "/v1", "/v1/tokenize", "/"]
 )
@@ -447,7 +482,7 @@ def test_a_route_outside_the_allow_list_is_404_and_never_forwarded(
     start_run(sqlite_url, [engines[0].base_url])
     running = serve(sqlite_url)
     origin = running.router.url.removesuffix("/v1")
-    status, body = http("POST", origin + path, {"prompt": "x"})
+    status, body = call("POST", origin + path, {"prompt": "x"})
     assert status == 404
     assert json.loads(body)["error"]["type"] == "not_found"
     assert sum(engines[0].received.values()) == 0
@@ -462,7 +497,7 @@ def test_a_backend_that_hangs_up_is_500_recorded_and_avoided(sqlite_url, engines
     # failure would name the shard and re-admit it (the rule the next test pins).
     running = serve(sqlite_url, window_s=3600)
     engines[0].mode = "hang_up"
-    status, body = http("POST", running.router.url + "/completions", {"prompt": "x"})
+    status, body = call("POST", running.router.url + "/completions", {"prompt": "x"})
     assert status == 500
     error = json.loads(body)["error"]
     assert error["type"] == "backend_error" and "shard 0" in error["message"]
@@ -470,6 +505,11 @@ def test_a_backend_that_hangs_up_is_500_recorded_and_avoided(sqlite_url, engines
     for i in range(4):
         complete(running.client, f"after{i}")
     assert (engines[0].generations, engines[1].generations) == (1, 4)
+    metrics = call("GET", running.router.url.removesuffix("/v1") + "/metrics")[1].decode()
+    assert 'fleetledger_router_backend_errors_total{shard="0"} 1.0' in metrics
+    assert 'fleetledger_router_requests_total{route="/v1/completions",status="200"} 4.0' in metrics
+    assert 'fleetledger_router_requests_total{route="/v1/completions",status="500"} 1.0' in metrics
+    assert "fleetledger_router_added_latency_seconds_count 4.0" in metrics
     running.stop()
     totals = reported(sqlite_url)
     assert totals[1] == (4, Counter())
@@ -499,7 +539,7 @@ def test_an_avoided_backend_returns_when_the_ledger_next_names_it(sqlite_url, en
     ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
     running = serve(sqlite_url, window_s=3600)
     engines[0].mode = "hang_up"
-    assert http("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 500
+    assert call("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 500
     engines[0].mode = "ok"
     ledger.record_probes({1: ProbeResult.ok()})  # names shard 1 only
     running.wait_for_seq(ledger.view.seq)
@@ -520,12 +560,12 @@ def test_the_routers_own_failure_report_readmits_the_shard_until_the_ledger_cond
     running = serve(sqlite_url, window_s=0.1)
     for _ in range(3):
         wait_until(lambda: 0 in running.router.routable, "shard 0 re-admitted")
-        status, _ = http("POST", running.router.url + "/completions", {"prompt": "x"})
+        status, _ = call("POST", running.router.url + "/completions", {"prompt": "x"})
         assert status == 500
     wait_until(lambda: state_of(ledger, 0) == ShardState.DEAD, "shard 0 recorded DEAD")
     running.wait_for_seq(ledger.view.seq)
     assert running.router.routable == (1,)
-    assert http("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 200
+    assert call("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 200
 
 
 def test_nothing_serving_answers_the_no_healthy_status_with_a_json_body(sqlite_url, engines, serve):
@@ -533,7 +573,7 @@ def test_nothing_serving_answers_the_no_healthy_status_with_a_json_body(sqlite_u
     ledger.actor_died(0, "gone")
     ledger.actor_died(1, "gone")
     running = serve(sqlite_url)
-    status, body = http("POST", running.router.url + "/chat/completions", {"messages": []})
+    status, body = call("POST", running.router.url + "/chat/completions", {"messages": []})
     assert status == 409
     error = json.loads(body)["error"]
     assert error["type"] == "no_healthy_shards" and "DEAD 2" in error["message"]
@@ -542,7 +582,7 @@ def test_nothing_serving_answers_the_no_healthy_status_with_a_json_body(sqlite_u
     with pytest.raises(openai.ConflictError):
         complete(running.client)
     assert sum(sum(e.received.values()) for e in engines) == 0
-    metrics = http("GET", running.router.url.removesuffix("/v1") + "/metrics")[1].decode()
+    metrics = call("GET", running.router.url.removesuffix("/v1") + "/metrics")[1].decode()
     assert "fleetledger_router_no_healthy_total 2.0" in metrics
     assert "fleetledger_router_serving_backends 0.0" in metrics
 
@@ -553,7 +593,7 @@ def test_a_run_that_ends_while_served_is_answered_no_healthy(sqlite_url, engines
     complete(running.client)
     ledger.end_run("completed", "all steps done")
     running.wait_for_seq(ledger.view.seq)
-    status, body = http("POST", running.router.url + "/completions", {"prompt": "x"})
+    status, body = call("POST", running.router.url + "/completions", {"prompt": "x"})
     assert status == 410
     assert "ended at seq" in json.loads(body)["error"]["message"]
     assert engines[0].generations == 1

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from pydantic import ValidationError
 
 from fleetledger.controller.config import ControllerConfig, RouterConfig
 from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.controller.router_listen import bind_listening, reserve_port
 from fleetledger.controller.router_membership import (
     Avoidance,
     Backend,
@@ -72,34 +72,6 @@ STOP_GRACE_S = 5.0  # in-flight requests a stopping router lets finish
 
 class RouterError(FleetledgerError):
     """The router cannot serve: an unknown or ended run, a bad setting, a taken port."""
-
-
-def reserve_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port on ``host`` (bound to 0, read, closed), reserved once so that a
-    restarted router binds the same address and its clients never re-resolve."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(_family(host), socket.SOCK_STREAM)
-    try:
-        # SO_REUSEADDR: a restarted router rebinds its port while old connections sit in
-        # TIME_WAIT; it does not let two live routers share a port.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        why = exc.strerror or exc
-        raise RouterError(f"router: cannot listen on {host}:{port}: {why}") from None
-    return sock
 
 
 def recorded_router_config(run: str, settings: Mapping[str, Any]) -> RouterConfig:
@@ -158,7 +130,7 @@ class Router:
             self.config = config or recorded_router_config(
                 run, self._log_db.run_head(run).config.settings
             )
-            self._sock = _bind(host, port)
+            self._sock = bind_listening(host, port, RouterError)
         except LedgerError as exc:
             self._log_db.close()
             raise RouterError(f"router: {exc}") from None
