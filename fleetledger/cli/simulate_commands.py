@@ -66,6 +66,13 @@ def simulate(
     probe_timeout: Annotated[
         float | None, typer.Option(help="Bound of one probe round [default: 0.25; vllm 1].")
     ] = None,
+    router: Annotated[
+        bool,
+        typer.Option(
+            "--router/--no-router",
+            help="Send the rollouts over HTTP through the run's router (a Ray actor).",
+        ),
+    ] = False,
     deep_probe: Annotated[
         bool | None,
         typer.Option(
@@ -153,6 +160,7 @@ def simulate(
             weights_bytes=int(weights_mb * 1_000_000),
             engine=engine,  # type: ignore[arg-type]  # validated by the spec
             model=model,
+            router=router,
         )
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")

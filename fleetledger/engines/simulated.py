@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import ray
@@ -192,11 +193,13 @@ def simulated_shard_factory(
     namespace: str | None = None,
     shard_class: type[SimulatedShard] = SimulatedShard,
     serve_http: bool = False,
+    resources: Callable[[int], Mapping[str, float]] | None = None,
 ) -> ShardFactory:
     """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
 
     ``shard_class`` may add methods (e.g. ``SimulatedRefitShard``'s communicator member);
     ``serve_http``: each also serves its OpenAI-compatible app (its base URL).
+    ``resources``: the custom Ray resources shard ``i`` asks for (to place it on a node).
     """
     actor_class = ray.remote(shard_class)
 
@@ -206,6 +209,7 @@ def simulated_shard_factory(
             namespace=namespace,
             num_cpus=0,
             max_restarts=0,  # restarts are decisions: the controller records and makes them
+            resources=dict(resources(shard)) if resources is not None else None,
         ).remote(shard, generation_s=generation_s, serve_http=serve_http)
 
     return create

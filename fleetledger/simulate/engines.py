@@ -53,7 +53,10 @@ def choose_engine(spec: SimulationSpec, prefix: str, teardown: ExitStack) -> Eng
         )
         teardown.callback(ray.kill, trainer)
         factory = simulated_shard_factory(
-            prefix, generation_s=spec.generation_s, shard_class=SimulatedRefitShard
+            prefix,
+            generation_s=spec.generation_s,
+            shard_class=SimulatedRefitShard,
+            serve_http=spec.router,  # the router reaches shards over HTTP
         )
         return EngineChoice(factory, trainer, 60.0, _no_check, real=False)
     return _vllm(spec, prefix, teardown)

@@ -73,6 +73,9 @@ class Simulation:
         request = GenerationRequest(
             prompt_id=str(attempt.prompt_id), group_id=attempt.group_id, prompt="2+2="
         )
+        if self.w.routed is not None:  # through the router: it picks and reports
+            async with self.deadlines.generation():
+                return await self.w.routed.generate(request)
         try:
             async with self.deadlines.generation():
                 result = await self.w.fleet.generate(attempt.shard, request)
@@ -90,7 +93,11 @@ class Simulation:
             *(
                 run_rollout(
                     self.generate,
-                    select_shard=self.w.selector.acquire,
+                    select_shard=(
+                        self.w.routed.acquire
+                        if self.w.routed is not None
+                        else self.w.selector.acquire
+                    ),
                     policy=self.policy,
                     counters=self.counters,
                     prompt_id=prompt,
@@ -133,7 +140,11 @@ class Simulation:
         return TrainingProgress(
             committed_groups=self.committed_groups,
             train_steps=self.train_steps,
-            in_flight=self.w.selector.total_in_flight,
+            in_flight=(
+                self.w.routed.total_in_flight
+                if self.w.routed is not None
+                else self.w.selector.total_in_flight
+            ),
             work_remains=self.train_steps < self.spec.steps,
         )
 
@@ -182,6 +193,13 @@ class Simulation:
         ledger.end_run("completed", f"{self.train_steps} of {self.spec.steps} steps done")
         return "completed", f"{self.train_steps} of {self.spec.steps} steps done"
 
+    async def _loop_then_close(self) -> tuple[str, str]:
+        try:
+            return await self.loop()
+        finally:
+            if self.w.routed is not None:
+                await self.w.routed.close()
+
     def run(self, log: EventLog) -> SimulationResult:
         spec = self.spec
         run = spec.run or (
@@ -193,7 +211,7 @@ class Simulation:
             self.reports = GenerationReports(self.w.ledger, ADAPTER)
             try:
                 self.w.controller.start()
-                outcome, cause = asyncio.run(self.loop())
+                outcome, cause = asyncio.run(self._loop_then_close())
             except KeyboardInterrupt:
                 self.w.end_if_open("aborted", "interrupted (SIGINT) during the simulation")
                 raise

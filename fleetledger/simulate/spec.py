@@ -95,6 +95,7 @@ class SimulationSpec:
     weights_bytes: int = 4_000_000
     engine: EngineKind = "sim"
     model: str | None = None  # vllm only: a local Hugging Face model (default: tiny Llama)
+    router: bool = False  # rollouts over HTTP through the run's router
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

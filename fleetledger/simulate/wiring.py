@@ -26,6 +26,7 @@ from fleetledger.controller.shard_selector import ShardSelector
 from fleetledger.events.log import EventLog
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
+from fleetledger.simulate.routed import RoutedRollouts
 from fleetledger.simulate.spec import SimulationSpec
 from fleetledger.simulate.trainer import WeightsSpec
 from fleetledger.transports.restartable import RestartAwareSynchronizer
@@ -54,6 +55,7 @@ class Wiring:
     coordinator: RefitCoordinator
     chaos: ChaosInjector
     check_refit: RefitCheck
+    routed: RoutedRollouts | None  # --router: rollouts over HTTP through the router
     metrics_server: ThreadingHTTPServer | None
     _teardown: ExitStack
 
@@ -174,6 +176,30 @@ def _drive(
         coordinator=coordinator,
         chaos=chaos,
         check_refit=engine.check_refit,
+        routed=_router(spec, log, run, echo, teardown) if spec.router else None,
         metrics_server=server,
         _teardown=teardown.pop_all(),
     )
+
+
+def _router(
+    spec: SimulationSpec, log: EventLog, run: str, echo: Callable[[str], None], teardown: ExitStack
+) -> RoutedRollouts:
+    """The run's router as a named Ray actor on a reserved port, and the rollout client
+    that talks to it. The router reads the membership from this run's ledger, so it
+    needs the ledger's URL (with its password: it writes outcome windows)."""
+    import json
+    import urllib.request
+
+    import ray
+
+    from fleetledger.controller.router_actor import start_router_actor
+
+    db_url = log.database.url.render_as_string(hide_password=False)
+    handle, url = start_router_actor(db_url, run, config=spec.config.router, window_s=0.5)
+    teardown.callback(ray.kill, handle)
+    teardown.callback(lambda: ray.get(handle.stop.remote(), timeout=30))  # flush, then kill
+    with urllib.request.urlopen(f"{url}/models", timeout=30) as answer:
+        model = json.load(answer)["data"][0]["id"]
+    echo(f"router on {url} (model {model})")
+    return RoutedRollouts(url, model, timeout_s=spec.config.timeouts.generation_timeout_s)
