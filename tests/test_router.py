@@ -535,6 +535,18 @@ def test_a_backend_killed_mid_stream_cuts_the_client_and_is_recorded(sqlite_url,
     assert ok == 0 and sum(c for (kind, _), c in bad.items() if kind == "infra") == 1
 
 
+def test_avoiding_the_last_backend_gives_the_no_healthy_answer(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url, window_s=3600)
+    engines[0].mode = "hang_up"
+    assert call("POST", running.router.url + "/completions", {"prompt": "x"})[0] == 500
+    engines[0].mode = "ok"
+    status, body = call("POST", running.router.url + "/completions", {"prompt": "x"})
+    assert status == 409
+    assert "avoided after errors: [0]" in json.loads(body)["error"]["message"]
+    assert engines[0].generations == 1
+
+
 def test_an_avoided_backend_returns_when_the_ledger_next_names_it(sqlite_url, engines, serve):
     ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
     running = serve(sqlite_url, window_s=3600)
