@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -533,6 +534,61 @@ def test_a_backend_killed_mid_stream_cuts_the_client_and_is_recorded(sqlite_url,
     running.stop()
     ok, bad = reported(sqlite_url)[0]
     assert ok == 0 and sum(c for (kind, _), c in bad.items() if kind == "infra") == 1
+
+
+# An engine in a process of its own: one SSE event, then it waits to be killed.
+_KILLABLE_ENGINE = """
+import asyncio, sys
+from aiohttp import web
+
+async def completions(request):
+    await request.read()
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    event = '{"id":"c0","object":"text_completion","created":1,"model":"tiny",'
+    event += '"choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null}]}'
+    await response.write(("data: " + event + "\\n\\n").encode())
+    await asyncio.sleep(3600)
+    return response
+
+app = web.Application()
+app.router.add_post("/v1/completions", completions)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def test_an_engine_process_killed_mid_stream_is_recorded_and_avoided(sqlite_url, engines, serve):
+    port = reserve_port()
+    proc = subprocess.Popen([sys.executable, "-c", _KILLABLE_ENGINE, str(port)])
+    try:
+        wait_until(lambda: _listening(port), "the engine process to listen")
+        start_run(sqlite_url, [f"http://127.0.0.1:{port}/v1", engines[1].base_url])
+        running = serve(sqlite_url, window_s=3600)
+        stream = running.client.completions.create(
+            model="tiny", prompt="p", max_tokens=5, stream=True
+        )
+        events = iter(stream)
+        assert next(events).choices[0].text == "a"
+        proc.send_signal(signal.SIGKILL)
+        with pytest.raises((openai.APIError, httpx.HTTPError)):
+            list(events)
+        wait_until(lambda: running.router.routable == (1,), "the killed engine avoided")
+        complete(running.client)
+        assert engines[1].generations == 1
+        running.stop()
+        ok, bad = reported(sqlite_url)[0]
+        assert ok == 0 and sum(c for (kind, _), c in bad.items() if kind == "infra") == 1
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def test_avoiding_the_last_backend_gives_the_no_healthy_answer(sqlite_url, engines, serve):
