@@ -33,7 +33,17 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-__all__ = ["CHUNK_BYTES", "Forwarded", "error_response", "forward", "forwarded_headers"]
+__all__ = [
+    "CHUNK_BYTES",
+    "SHARD_HEADER",
+    "Forwarded",
+    "error_response",
+    "forward",
+    "forwarded_headers",
+]
+
+SHARD_HEADER = "x-fleetledger-shard"
+"""The response header naming the shard that answered (added to the backend's own)."""
 
 CHUNK_BYTES = 64 * 1024
 _DETAIL_BYTES = 4096  # of an error body, kept for the taxonomy (e.g. "maximum context length")
@@ -133,7 +143,7 @@ async def forward(
             allow_redirects=False,
         ) as upstream:
             waited = time.monotonic() - sent_at
-            return await _stream_back(request, upstream, waited)
+            return await _stream_back(request, upstream, waited, shard)
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
         if body is not None and body.failed:
             return Forwarded(web.Response(status=400), client_gone=True)
@@ -145,11 +155,14 @@ async def forward(
 
 
 async def _stream_back(
-    request: web.Request, upstream: aiohttp.ClientResponse, waited: float
+    request: web.Request, upstream: aiohttp.ClientResponse, waited: float, shard: int
 ) -> Forwarded:
     chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
     response.headers.extend(forwarded_headers(upstream.headers, keep_length=not chunked))
+    # Which shard answered: a client that counts outcomes per shard, or a person reading
+    # a trace, need not guess it from the router's log.
+    response.headers[SHARD_HEADER] = str(shard)
     done = Forwarded(response, status=upstream.status, backend_wait_s=waited)
     head = bytearray()
     try:
