@@ -30,8 +30,8 @@ def test_a_transition_is_one_json_line_with_its_rule_and_evidence(sqlite_url, js
     lines = [json.loads(line) for line in json_logs.getvalue().splitlines()]
     transitions = [line for line in lines if line["event"] == "shard transition"]
     assert [(t["shard"], t["before"], t["after"], t["seq"]) for t in transitions] == [
-        (0, "HEALTHY", "SUSPECT", 2),
-        (1, "HEALTHY", "DEAD", 4),
+        (0, "HEALTHY", "SUSPECT", 2),  # the probe round is seq 2
+        (1, "HEALTHY", "DEAD", 3),
     ]
     first, second = transitions
     assert first["rule"].startswith("failed probe") and first["evidence"] == [2]
