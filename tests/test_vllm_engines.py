@@ -417,3 +417,103 @@ def test_a_restarted_engine_serves_only_after_the_next_refit_and_then_agrees(eng
         assert 1 in set(_rollouts(engines, ledger, 8))  # it serves again
     finally:
         controller.stop()
+
+
+# ── through the router ────────────────────────────────────────────────────────
+
+
+def _normalised(body: bytes) -> object:
+    """A JSON answer, or an SSE stream joined into one, with the per-request id and
+    timestamp vLLM stamps removed. A stream is joined because vLLM itself groups tokens
+    into events by timing (two identical direct requests can differ in grouping); what
+    must be the same is every token, logprob and alternative, in order."""
+    import json
+
+    text = body.decode()
+    if not text.startswith("data:"):
+        return {k: v for k, v in json.loads(text).items() if k not in ("id", "created")}
+    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line.strip()]
+    assert events[-1] == "[DONE]"
+    joined: dict[str, list] = {"text": [], "tokens": [], "logprobs": [], "top": [], "end": []}
+    for event in events[:-1]:
+        (choice,) = json.loads(event)["choices"]
+        joined["text"].append(choice["text"])
+        joined["tokens"] += choice["logprobs"]["tokens"]
+        joined["logprobs"] += choice["logprobs"]["token_logprobs"]
+        joined["top"] += choice["logprobs"]["top_logprobs"]
+        joined["end"].append(choice["finish_reason"])
+    return {**joined, "text": "".join(joined["text"]), "end": [e for e in joined["end"] if e]}
+
+
+def test_the_router_passes_engine_answers_through_and_cuts_a_killed_stream(
+    engines, ledger, sqlite_url
+):
+    import httpx
+
+    from fleetledger.controller.router import Router
+
+    router = Router(sqlite_url, ledger.run, window_s=0.2, poll_s=0.1)
+    stop = threading.Event()
+    serving = threading.Thread(target=router.serve_forever, args=(stop,), daemon=True)
+    serving.start()
+    try:
+        urls = engines.fleet.base_urls()
+        model = openai.OpenAI(base_url=urls[0], api_key="unused").models.list().data[0].id
+        ask = {"model": model, "prompt": "What is 2+2?", "max_tokens": 12, "temperature": 0}
+        for body in ({**ask, "logprobs": 5}, {**ask, "logprobs": 2, "stream": True}):
+            routed = httpx.post(f"{router.url}/completions", json=body, timeout=60)
+            shard = int(routed.headers["x-fleetledger-shard"])
+            direct = httpx.post(f"{urls[shard]}/completions", json=body, timeout=60)
+            assert routed.status_code == direct.status_code == 200
+            assert _normalised(routed.content) == _normalised(direct.content)
+        # A shard DEAD in the ledger gets no request.
+        ledger.actor_died(0, "recorded dead by the test")
+        while router.seq < ledger.view.seq:
+            time.sleep(0.05)
+        client = openai.OpenAI(base_url=router.url, api_key="unused", max_retries=0, timeout=60)
+        for _ in range(4):
+            raw = client.completions.with_raw_response.create(
+                model=model, prompt="hi", max_tokens=2
+            )
+            assert raw.headers["x-fleetledger-shard"] == "1"
+        # Shard 1 killed in the middle of a stream: the client's stream is cut, the
+        # failure is recorded for shard 1, and with nothing left the router says so.
+        core = engines.engine_pid(1)
+        stream = client.completions.create(model=model, prompt="Once", max_tokens=400, stream=True)
+        next(iter(stream))  # the stream has started
+        engines.stop(core)  # it stalls inside the engine ...
+        os.kill(engines.actor_pid(1), signal.SIGKILL)  # ... and the engine goes
+        with pytest.raises((httpx.HTTPError, openai.APIError)):
+            for _ in stream:
+                pass
+        deadline = time.monotonic() + 30
+        while True:
+            ledger.catch_up()
+            windows = [
+                r.event
+                for r in ledger.log.read(ledger.run, 0)
+                if r.event.type == "outcome_window_reported" and r.event.adapter == "router"
+            ]
+            failed = [o for w in windows for o in w.outcomes if o.shard == 1 and o.failures]
+            if failed or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert failed, "the cut stream was not recorded as shard 1's failure"
+        # The router tries it again only once the ledger has folded that failure and
+        # still shows it serving; each later failure is reported too, until the reported
+        # streak condemns it — then nothing is left, and the router says so.
+        statuses = []
+        while len(statuses) < 10:
+            answer = httpx.post(f"{router.url}/completions", json=ask, timeout=60)
+            statuses.append(answer.status_code)
+            if answer.status_code == 409:
+                assert "error" in answer.json()
+                break
+            time.sleep(0.3)  # a window (0.2 s) and a poll (0.1 s) later
+        assert statuses[-1] == 409 and set(statuses[:-1]) <= {500}
+        assert len(statuses) - 1 < 3  # the cut stream was the first of the threshold's 3
+        ledger.catch_up()
+        assert ledger.view.state_of(1) is ShardState.DEAD
+    finally:
+        stop.set()
+        serving.join(timeout=30)
