@@ -113,3 +113,23 @@ def test_simulate_on_vllm_engines_checks_every_refit_by_logprobs(sqlite_url):
     # The base URLs recorded are the engines' own OpenAI apps.
     assert all(u.startswith("http://127.0.0.1:") for u in view.config.base_urls)
     log.close()
+
+
+@pytest.mark.slow
+def test_simulate_through_the_router_moves_traffic_off_a_killed_shard(sqlite_url):
+    pytest.importorskip("aiohttp", reason="the router needs aiohttp: pip install -e '.[dev]'")
+    done = _simulate(
+        "--router", "--shards", "3", "--steps", "3", "--kill", "2@2", "--json", db=sqlite_url
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["outcome"] == "completed" and doc["rollouts"]["committed"] == 3 * 4 * 4
+    assert "router on http://127.0.0.1:" in done.stderr
+    log = EventLog.open(sqlite_url)
+    (run,) = [r.run_id for r in log.runs()]
+    view = load_view(log, run)
+    assert view.state_of(2) is ShardState.DEAD
+    windows = [r.event for r in log.read(run, 0) if r.event.type == "outcome_window_reported"]
+    served = {o.shard for w in windows if w.adapter == "router" for o in w.outcomes if o.successes}
+    assert served == {0, 1, 2}  # the router served all three, and reported it
+    log.close()
