@@ -44,7 +44,7 @@ def router(
         from fleetledger.controller.router import Router
     except ImportError as exc:
         raise CommandLineError(
-            f"router needs aiohttp ({exc.name} is not installed): pip install aiohttp"
+            f"router needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[router]'"
         ) from None
     served = Router(
         resolve_db_url(db), run, host=host, port=port, name=name, window_s=window_s, poll_s=poll_s
