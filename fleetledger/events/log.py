@@ -186,23 +186,26 @@ class EventLog:
         return seqs
 
     def _encode(self, run: str, batch: Sequence[Event]) -> list[_Encoded]:
+        encode = self.codec.encode
+        make = tuple.__new__  # _Encoded's own __new__ is a Python function: an append's hot path
         out: list[_Encoded] = []
         seen: set[str] = set()
         for index, event in enumerate(batch):
             if not isinstance(event, Event):
                 raise AppendRejected(run, f"{type(event).__name__} is not an event", index=index)
             try:
-                type_, version, payload = self.codec.encode(event)
+                type_, version, payload = encode(event)
             except TypeError as exc:
                 raise AppendRejected(run, str(exc), index=index) from None
-            if not event.id:  # a fold's event (``read_pages(ids=False)``), not a row's
+            event_id = event.id
+            if not event_id:  # a fold's event (``read_pages(ids=False)``), not a row's
                 raise AppendRejected(
                     run, f"a {event.type} event without an id cannot be appended", index=index
                 )
-            if event.id in seen:
-                raise AppendRejected(run, f"event id {event.id} appears twice", index=index)
-            seen.add(event.id)
-            out.append(_Encoded(event, type_, version, payload))
+            if event_id in seen:
+                raise AppendRejected(run, f"event id {event_id} appears twice", index=index)
+            seen.add(event_id)
+            out.append(make(_Encoded, (event, type_, version, payload)))
         return out
 
     def _cached_head(self, conn: Connection, run: str) -> _Head | None:
