@@ -71,3 +71,49 @@ def test_an_unknown_run_under_a_named_bound_is_an_error(sqlite_url, small_pages)
     with EventLog.open(sqlite_url) as log:
         with pytest.raises(LedgerError, match="no run 'ghost'"):
             list(log.read("ghost", 0, 5))
+
+
+def _set_payload(path: str, seq: int, payload: str) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "UPDATE fleetledger_events SET payload = ? WHERE run_id = ? AND seq = ?",
+            (payload, RUN, seq),
+        )
+
+
+def _payload(path: str, seq: int) -> tuple[str, str]:
+    with sqlite3.connect(path) as db:
+        return db.execute(
+            "SELECT event_id, payload FROM fleetledger_events WHERE run_id = ? AND seq = ?",
+            (RUN, seq),
+        ).fetchone()
+
+
+def test_a_payload_whose_id_is_not_its_rows_is_refused_naming_the_seq(sqlite_url, tmp_path):
+    """Repeated payloads decode once; a row whose payload holds another id is not one."""
+    _write(sqlite_url)
+    path = str(tmp_path / "ledger.db")
+    event_id, payload = _payload(path, 7)
+    _set_payload(path, 7, payload.replace(event_id, "01234567-89ab-7def-8123-456789abcdef"))
+    with EventLog.open(sqlite_url) as log, pytest.raises(LedgerError, match="seq 7") as caught:
+        list(log.read(RUN))
+    assert "is not the row's id" in str(caught.value)
+
+
+def test_damaged_content_in_a_repeated_payload_is_found_by_every_read(sqlite_url, tmp_path):
+    """The cache is keyed by the whole payload after the id: a changed field is a new
+    payload, validated whole, by the fold's read too."""
+    _write(sqlite_url)
+    path = str(tmp_path / "ledger.db")
+    _event_id, payload = _payload(path, 9)
+    _set_payload(path, 9, payload.replace('"shard":1', '"shard":"one"'))
+    with EventLog.open(sqlite_url) as log:
+        for read in (
+            lambda: list(log.read(RUN)),
+            lambda: list(log.read_pages(RUN, ids=False)),
+        ):
+            with pytest.raises(LedgerError, match="seq 9") as caught:
+                read()
+            assert "shard" in str(caught.value)
+    result = run_cli("membership", RUN, "--db", sqlite_url)
+    assert result.exit_code == 2 and "seq 9" in result.stderr
