@@ -15,6 +15,15 @@ exhaustion, the end). Two integers, one per set a consumer acts on, so each comp
 
 Within an adapter's outcome window every success is applied before any failure: a
 healthy shard with rare blips would otherwise be condemned eventually.
+
+A probe round (``probe_round``) is one event holding every probed shard's result; it
+folds as the per-shard probe events older ledgers hold (``probe_succeeded``,
+``probe_failed``, ``actor_death_confirmed``) fold, one result at a time in shard order
+at the round's seq, and both numbers move once per *result* that changes their set —
+so the two shapes of the same history fold to the same view (a property test pins it).
+
+``apply_page`` is the replay's way in: the quiet observations that are most of a long
+run (successful probes of HEALTHY shards) are taken there without a handler call.
 """
 
 from __future__ import annotations
