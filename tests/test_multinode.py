@@ -44,7 +44,7 @@ from fleetledger.projections.shard_states import ShardState  # noqa: E402
 from fleetledger.simulate import simulation_config  # noqa: E402
 from fleetledger.transports.ray_members import TrainerRank  # noqa: E402
 from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
-from tests.multinode import TwoNodeCluster  # noqa: E402
+from tests.multinode import TwoNodeCluster, node_ip  # noqa: E402
 
 CONSOLE = Path(sys.executable).parent / "fleetledger"
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +103,10 @@ def test_losing_a_node_records_its_shards_dead_and_the_run_goes_on(cluster, migr
     controller = FleetController(
         ledger, fleet, config, progress=lambda: TrainingProgress(0, 0, 0, True)
     ).start()
-    sync = RestartAwareSynchronizer(fleet, [trainer], refit_timeout_s=10.0, grace_s=2.0)
+    # The store at the address Ray advertises for the trainer's node, as across machines.
+    sync = RestartAwareSynchronizer(
+        fleet, [trainer], refit_timeout_s=10.0, grace_s=2.0, store_host=node_ip()
+    )
     coordinator = RefitCoordinator(
         ledger, sync, fleet, refit_timeout_s=10.0, grace_s=2.0, probe_timeout_s=1.0
     )

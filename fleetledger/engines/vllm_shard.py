@@ -114,7 +114,9 @@ def engine_environment(spec: VllmEngineSpec, shard_dir: str) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",
-        "GLOO_SOCKET_IFNAME": "lo",
+        # Loopback unless the operator names the interface the ranks share (a fleet
+        # across machines): the refit's gloo group follows it.
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
     } | spec.extra_env
 
 

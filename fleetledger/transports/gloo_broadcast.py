@@ -38,7 +38,12 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from fleetledger.events.models import shard_outside
 from fleetledger.projections.decisions import refit_failure_kind
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
-from fleetledger.transports.gloo_rank import CollectiveAborted, NoCommunicator, PeerLost
+from fleetledger.transports.gloo_rank import (
+    STORE_HOST,
+    CollectiveAborted,
+    NoCommunicator,
+    PeerLost,
+)
 from fleetledger.weight_sync import (
     Party,
     PushReport,
@@ -93,11 +98,15 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         grace_s: float = 5.0,
         settle_s: float | None = None,
         build_timeout_s: float = 60.0,
+        store_host: str = STORE_HOST,
     ) -> None:
         """``refit_timeout_s``: every collective's op timeout and, plus ``grace_s``, every
         wait for a push (``None``: unbounded). ``settle_s``: how long the others get once
         one party failed; by default it follows the refit timeout (+ grace), unbounded
-        with it."""
+        with it. ``store_host``: the address of trainer rank 0 that every rank reaches
+        its store at — loopback by default (one machine); on a fleet across machines,
+        the trainer node's address (and ``GLOO_SOCKET_IFNAME`` set to match)."""
+        self.store_host = store_host
         super().__init__()
         if not trainers:
             raise ValueError("a broadcast refit needs at least one trainer rank (rank 0)")
@@ -182,7 +191,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         (port,) = self._gather(
             {
                 members[0][2].refit_open_store.remote(
-                    layout.world_size, self.build_timeout_s
+                    layout.world_size, self.build_timeout_s, self.store_host
                 ): Party.trainer(0)
             },
             bound,
@@ -197,6 +206,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                     rank,
                     self.build_timeout_s,
                     self.refit_timeout_s,
+                    self.store_host,
                 ): p
                 for rank, p, h in members
             },

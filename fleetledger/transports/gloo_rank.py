@@ -63,6 +63,10 @@ TensorSpec = Mapping[str, tuple[tuple[int, ...], str]]
 """Parameter name → (shape, dtype name): what a receiver allocates to receive into."""
 
 STORE_HOST = "127.0.0.1"
+"""Where rank 0's store listens by default: loopback, right when every rank is on one
+machine. A fleet across machines passes the trainer's reachable address instead
+(``GlooBroadcastSynchronizer(store_host=...)``) and sets ``GLOO_SOCKET_IFNAME`` to the
+interface the ranks share."""
 
 ABORT_POLL_S = 0.1
 """How often a member waiting in a collective looks whether its group was aborted."""
@@ -147,13 +151,13 @@ class CommunicatorMember:
 
     # ── building ────────────────────────────────────────────────────────────
 
-    def open_store(self, world_size: int, timeout_s: float) -> int:
-        """Rank 0 only: bind a fresh store on a free port and return the port.
+    def open_store(self, world_size: int, timeout_s: float, host: str = STORE_HOST) -> int:
+        """Rank 0 only: bind a fresh store on a free port of ``host`` and return the port.
 
         ``timeout_s`` bounds the rendezvous (see :meth:`join`)."""
         try:
             store = dist.TCPStore(
-                STORE_HOST,
+                host,
                 0,
                 world_size,
                 True,
@@ -173,8 +177,10 @@ class CommunicatorMember:
         rank: int,
         timeout_s: float,
         collective_timeout_s: float | None,
+        host: str = STORE_HOST,
     ) -> dict[str, int]:
-        """Join build ``build`` as ``rank`` of ``world_size``; release the previous group.
+        """Join build ``build`` as ``rank`` of ``world_size`` (rank 0's store at
+        ``host:port``); release the previous group.
 
         ``timeout_s`` bounds the rendezvous, ``collective_timeout_s`` every collective of
         the group afterwards (``None``: unbounded, but abortable). They are apart on
@@ -191,7 +197,7 @@ class CommunicatorMember:
             store, self._pending_store = self._pending_store, None
         try:
             if rank != 0:
-                store = dist.TCPStore(STORE_HOST, port, world_size, False, timeout=timeout)
+                store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
             group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         except RuntimeError as exc:  # the rendezvous: a peer gone, a connect timed out
             raise _collective_error(exc, f"joining build {build} as rank {rank}") from exc

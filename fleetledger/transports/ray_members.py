@@ -16,7 +16,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from fleetledger.transports.gloo_rank import CommunicatorMember, TensorSpec, checksum
+from fleetledger.transports.gloo_rank import (
+    STORE_HOST,
+    CommunicatorMember,
+    TensorSpec,
+    checksum,
+)
 
 __all__ = ["CommunicatorActor", "GenerationWorker", "TrainerRank", "make_parameters"]
 
@@ -68,8 +73,10 @@ class CommunicatorActor:
             self._refit_member = CommunicatorMember()
         return self._refit_member
 
-    async def refit_open_store(self, world_size: int, timeout_s: float) -> int:
-        return self._member().open_store(world_size, timeout_s)
+    async def refit_open_store(
+        self, world_size: int, timeout_s: float, host: str = STORE_HOST
+    ) -> int:
+        return self._member().open_store(world_size, timeout_s, host)
 
     async def refit_membership(self, build: int, layout: dict[str, Any]) -> int:
         """Told the membership of build ``build`` (its rank layout) before joining it."""
@@ -84,6 +91,7 @@ class CommunicatorActor:
         rank: int,
         timeout_s: float,
         collective_timeout_s: float | None,
+        host: str = STORE_HOST,
     ) -> dict[str, int]:
         announced = self._refit_announced
         if self._refit_needs_membership and (announced is None or announced[0] != build):
@@ -93,7 +101,14 @@ class CommunicatorActor:
                 "generation side must hear the new membership before the build"
             )
         return await _on_daemon_thread(
-            self._member().join, build, port, world_size, rank, timeout_s, collective_timeout_s
+            self._member().join,
+            build,
+            port,
+            world_size,
+            rank,
+            timeout_s,
+            collective_timeout_s,
+            host,
         )
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
