@@ -186,17 +186,22 @@ class EventLog:
         return seqs
 
     def _encode(self, run: str, batch: Sequence[Event]) -> list[_Encoded]:
-        encode = self.codec.encode
+        types = self.codec.types
         make = tuple.__new__  # _Encoded's own __new__ is a Python function: an append's hot path
         out: list[_Encoded] = []
         seen: set[str] = set()
         for index, event in enumerate(batch):
             if not isinstance(event, Event):
                 raise AppendRejected(run, f"{type(event).__name__} is not an event", index=index)
-            try:
-                type_, version, payload = encode(event)
-            except TypeError as exc:
-                raise AppendRejected(run, str(exc), index=index) from None
+            cls = types.get(event.type)
+            if cls is not None and type(event) is cls:  # ``EventCodec.encode``, inlined
+                type_, version = event.type, cls.SCHEMA_VERSION
+                payload = cls.__pydantic_serializer__.to_json(event).decode()
+            else:
+                try:
+                    type_, version, payload = self.codec.encode(event)
+                except TypeError as exc:
+                    raise AppendRejected(run, str(exc), index=index) from None
             event_id = event.id
             if not event_id:  # a fold's event (``read_pages(ids=False)``), not a row's
                 raise AppendRejected(

@@ -11,7 +11,7 @@ Rules of this module:
   log assigns them when it records it (see :class:`RecordedEvent`).
 - Validation that needs only the event is done here (non-negative shards, known
   failure categories). Validation that needs the run's configuration (a shard index
-  below ``shard_count``) is :meth:`FleetConfig.check_event`, called by the log before
+  below ``shard_count``) is :meth:`FleetConfig.check_event`, whose rule the log applies before
   it writes anything.
 """
 
