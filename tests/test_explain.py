@@ -588,3 +588,24 @@ def test_explain_at_a_time_answers_for_the_last_event_at_or_before_it(
     assert json.loads(by_time.stdout) == json.loads(by_seq.stdout)
     naive = run_cli("explain", RUN, "--at", when.rstrip("Z"), "--db", url)
     assert naive.exit_code == 2 and "zone" in naive.stderr
+
+
+def test_probe_tallies_count_each_shards_results_inside_probe_rounds() -> None:
+    from fleetledger.events.models import ProbeFailure, ProbeRound
+
+    fleet = Fleet()
+    fleet.reported_failure(1)
+    first = fleet.last_seq
+    for _ in range(3):
+        fleet.apply(ProbeRound(ok=(0, 1, 2)))
+    fleet.apply(ProbeRound(ok=(0, 2), failed=(ProbeFailure(shard=1, kind="timeout"),)))
+    fleet.apply(ProbeRound(ok=(1,)))
+    fleet.reported_failure(1, 2)
+    last = fleet.last_seq
+    fleet.apply(ProbeRound(ok=(0, 1, 2)))  # after the span
+    tallies = ProbeTallies()
+    assert list(tallies.watch(fleet.records)) == fleet.records
+    for shard, expected in ((0, (4, 0)), (1, (4, 1)), (2, (4, 0))):
+        counted = tallies.span(shard, first, last)
+        assert counted == tally_span(fleet.records, shard, first, last)
+        assert (counted.probes_ok, counted.probes_failed) == expected

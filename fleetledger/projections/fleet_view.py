@@ -333,6 +333,8 @@ class FleetView:
         written with per-shard events fold to the same membership numbers.
         """
         self._check_shards(seq, e, e.shards_named())
+        if not e.failed and not e.died and all_healthy_probes_ok(self.shards, e.ok, at):
+            return []  # the healthy round: every result a "stay"
         results: list[tuple[int, Signal | None]] = [(shard, None) for shard in e.ok]
         for f in e.failed:
             text = f"{f.kind}: {f.error}" if f.error else f.kind

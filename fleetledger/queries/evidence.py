@@ -8,8 +8,9 @@ reported streak's span), and the few events the explanation cites, read by seq.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
+from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.events.records import RunHead
@@ -22,7 +23,7 @@ from fleetledger.projections.explain import (
     explain_run,
     explain_shard,
 )
-from fleetledger.projections.history import replay
+from fleetledger.projections.history import Entry, History
 from fleetledger.queries.views import load_view
 
 
@@ -37,10 +38,22 @@ def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _events_of(log: EventLog, run: str, to_seq: int) -> Iterator[RecordedEvent]:
-    """The run's events for a replay, which never reads their ids (``ids=False``)."""
-    for page in log.read_pages(run, 0, to_seq, ids=False):
-        yield from page
+def _history_of(log: EventLog, run: str, to_seq: int, tallies: ProbeTallies) -> list[Entry]:
+    """``replay`` of the run up to ``to_seq`` a page at a time (``History.feed_page``),
+    counting probes on the way; a replay never reads event ids (``ids=False``)."""
+    history: History | None = None
+    entries: list[Entry] = []
+    with cyclic_gc_paused():
+        for page in log.read_pages(run, 0, to_seq, ids=False):
+            page = list(tallies.watch(page))
+            if history is None:
+                history, first = History.start(page[0])
+                entries += first
+                page = page[1:]
+            entries += history.feed_page(page)
+    if history is not None and history.view.ended is None:
+        entries += history.finish()
+    return entries
 
 
 def read_evidence(log: EventLog, run: str, seqs: Iterable[int]) -> dict[int, RecordedEvent]:
@@ -66,7 +79,7 @@ def explain_from_log(
         check_shard(view, shard)  # before the replay: a typo should not cost a full fold
     # One pass: the history, and the probe counts a reported streak's explanation cites.
     tallies = ProbeTallies()
-    entries = list(replay(tallies.watch(_events_of(log, run, view.seq))))
+    entries = _history_of(log, run, view.seq, tallies)
     wanted = evidence_needed(view, entries, shard)
     evidence = read_evidence(log, run, wanted.seqs)
     if shard is None:
