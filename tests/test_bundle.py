@@ -216,7 +216,9 @@ def test_a_wrong_event_count_is_refused(bundled: tuple[str, str, Path], tmp_path
         tmp_path / "count.zip", edit_manifest(members(path), events=DEMO_EVENTS + 1)
     )
     assert_refused_and_unchanged(
-        url, wrong, f"{EVENTS} holds {DEMO_EVENTS} event lines, but {MANIFEST} says {DEMO_EVENTS + 1}"
+        url,
+        wrong,
+        f"{EVENTS} holds {DEMO_EVENTS} event lines, but {MANIFEST} says {DEMO_EVENTS + 1}",
     )
 
 
