@@ -21,14 +21,16 @@ Run it by hand (not part of the test suite; it asserts nothing about timing)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import signal
 import statistics
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import ray
 
@@ -45,6 +47,14 @@ from fleetledger.simulate import simulation_config
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
 READY_S = 300.0
+
+
+@contextlib.contextmanager
+def _removed(path: str) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _line(name: str, value: str, note: str = "") -> None:
@@ -181,7 +191,7 @@ def main() -> None:
     run_dir = tempfile.mkdtemp(prefix="fl-bench-vllm-")
     db = f"sqlite:///{run_dir}/ledger.db"
     tiny = str(tiny_llama())
-    with local_ray(num_cpus=2):
+    with local_ray(num_cpus=2), _removed(run_dir):
         if args.case in (None, "ready"):
             bench_ready(tiny, run_dir)
         if args.case in (None, "refit"):

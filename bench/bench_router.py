@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -101,6 +102,7 @@ async def _throughput(session: aiohttp.ClientSession, urls: list[str], n: int, w
             queue.get_nowait()
             async with session.post(f"{url}/completions", json=payload) as answer:
                 await answer.read()
+                assert answer.status == 200, answer.status
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(width)))
@@ -172,6 +174,7 @@ def main() -> None:
             router.wait(timeout=30)
         backend.kill()
         backend.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from fleetledger.engines.simulated import (  # noqa: E402 - needs Ray
 )
 from fleetledger.transports.ray_members import TrainerRank  # noqa: E402 - needs torch
 from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
+from tests.probe_facts import ShardFact, deaths, probes, shard_facts  # noqa: E402
 
 
 @pytest.fixture
@@ -144,11 +145,11 @@ def test_sigkill_with_the_pump_running_records_death_before_any_later_success(lo
         _wait_for(lambda: ledger.membership.states[1] == "DEAD")
     finally:
         controller.stop()
-    about_1 = [r.event.type for r in _events(log, ledger.run) if getattr(r.event, "shard", 0) == 1]
+    about_1 = [f.kind for f in shard_facts(_events(log, ledger.run)) if f.shard == 1]
     # The round after the last one that saw it alive recorded the death: no failed or
     # timed-out probe in between, no counting.
-    assert about_1[-1] == "actor_death_confirmed"
-    assert set(about_1[:-1]) == {"probe_succeeded"}
+    assert about_1[-1] == "died"
+    assert set(about_1[:-1]) == {"ok"}
 
 
 def test_sigstop_is_dead_after_threshold_rounds_and_sigcont_does_not_revive(log, fleet):
@@ -387,10 +388,8 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
         ),
     )
 
-    def probes_after(seq: int) -> list[RecordedEvent]:
-        return [
-            r for r in log.read(run, seq) if r.event.type in ("probe_succeeded", "probe_failed")
-        ]
+    def probes_after(seq: int) -> list[ShardFact]:
+        return probes(log.read(run, seq))
 
     first = _start_controller(sqlite_url, run, ray_cluster, prefix)
     try:
@@ -416,7 +415,7 @@ def test_a_killed_controller_resumes_with_the_same_states_and_epoch(sqlite_url, 
         }
         # It carries on probing: the survivors, not the dead shard.
         _wait_for(lambda: len(probes_after(head)) >= 4)
-        assert {r.event.shard for r in probes_after(head)} == {0, 2}
+        assert {f.shard for f in probes_after(head)} == {0, 2}
         after = load_view(log, run)
         assert after.epoch == before.epoch and after.serving == (0, 2)
     finally:
@@ -542,12 +541,9 @@ def test_an_engine_error_across_the_boundary_is_redispatched_to_another_shard(ra
 # ── restarts in the library: incarnations, base URLs, whole death causes ────────────
 
 
-def _death_events(log: EventLog, run: str, shard: int) -> list[RecordedEvent]:
-    return [
-        r
-        for r in _events(log, run)
-        if r.event.type == "actor_death_confirmed" and r.event.shard == shard
-    ]
+def _death_events(log: EventLog, run: str, shard: int) -> list[ShardFact]:
+    """Deaths recorded of ``shard``: by a probe round or by an adapter's report."""
+    return deaths(_events(log, run), shard)
 
 
 def _shards_lost(log: EventLog, run: str) -> list[str]:
@@ -612,10 +608,9 @@ def test_a_probe_round_through_a_replaced_handle_records_nothing(log, fleet):
     ledger.record_probes(stale_round)  # arrives late
     assert ledger.view.state_of(2) is ShardState.STALE  # not DEAD again
     assert len(_death_events(log, ledger.run, 2)) == 1
-    assert [r.event.type for r in _events(log, ledger.run)][-2:] == [
-        "probe_succeeded",
-        "probe_succeeded",
-    ]  # shards 0 and 1 of the same round were recorded
+    last = _events(log, ledger.run)[-1].event
+    assert last.type == "probe_round" and last.ok == (0, 1)  # shards 0 and 1 of that round
+    assert not last.failed and not last.died  # and nothing of the replaced shard 2
 
 
 def test_actor_death_confirmed_keeps_rays_whole_cause_and_explain_shows_it(log, fleet):
@@ -625,7 +620,7 @@ def test_actor_death_confirmed_keeps_rays_whole_cause_and_explain_shows_it(log, 
     os.kill(pid, signal.SIGKILL)
     controller.pump.probe_round()
     (recorded,) = _death_events(log, ledger.run, 2)
-    error = recorded.event.error
+    error = recorded.error
     # Not the first line ("The actor died unexpectedly …"): the pid, the actor's class and
     # the exit type and its story, on one line.
     assert f"pid: {pid}" in error and "class_name: SimulatedShard" in error, error

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -74,6 +76,19 @@ def _adapter(router_url: str, db: str, run: str, count: int) -> dict:
     return json.loads(done.stdout)
 
 
+def _until_router_serves(router_url: str, backends: int, timeout_s: float = 60.0) -> None:
+    """Until the router's own gauge says it routes to ``backends`` shards."""
+    metrics = router_url.removesuffix("/v1") + "/metrics"
+    want = f"fleetledger_router_serving_backends {float(backends)}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(metrics, timeout=10) as answer:
+            if want in answer.read().decode():
+                return
+        assert time.monotonic() < deadline, f"the router never served {backends} backends"
+        time.sleep(0.1)
+
+
 def _node_of(shard: int) -> dict[str, float]:
     return {"fl_head" if shard < 2 else "fl_second": 1}
 
@@ -111,15 +126,19 @@ def test_losing_a_node_records_its_shards_dead_and_the_run_goes_on(cluster, migr
         ledger, sync, fleet, refit_timeout_s=10.0, grace_s=2.0, probe_timeout_s=1.0
     )
     port = reserve_port()
+    errors = (cluster.temp_dir / "router.err").open("w")
     router = subprocess.Popen(
         [str(CONSOLE), "router", run, "--db", db, "--port", str(port), "--window-s", "0.3"],
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=errors,
         text=True,
     )
+    router_exit = None
     try:
+        ready, _, _ = select.select([router.stdout], [], [], 120)
+        assert ready, "the router printed no URL within 120 s"
         router_url = router.stdout.readline().strip()
-        assert router_url == f"http://127.0.0.1:{port}/v1", router.stderr.read()
+        assert router_url == f"http://127.0.0.1:{port}/v1", router_url
         ray.get(trainer.train_step.remote(1))
         assert coordinator.refit(1).participants == (0, 1, 2, 3)
         before = _adapter(router_url, db, run, 40)
@@ -136,12 +155,16 @@ def test_losing_a_node_records_its_shards_dead_and_the_run_goes_on(cluster, migr
         ray.get(trainer.train_step.remote(2))
         outcome = coordinator.refit(2)
         assert outcome.participants == (0, 1)
-        time.sleep(1.0)  # the router has read the deaths (it polls every 0.25 s)
+        _until_router_serves(router_url, 2)  # it has read the deaths from the ledger
         after = _adapter(router_url, db, run, 20)
         assert sorted(after["served"]) == ["0", "1"] and after["statuses"] == {"200": 20}
     finally:
         router.send_signal(signal.SIGTERM)
-        router_exit = router.wait(timeout=60)
+        try:
+            router_exit = router.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            router.kill()
+        errors.close()
         controller.stop()
         fleet.shutdown()
         ray.kill(trainer)

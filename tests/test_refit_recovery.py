@@ -42,6 +42,7 @@ from fleetledger.weight_sync import (  # noqa: E402
     RefitFailureKind,
     WeightSynchronizer,
 )
+from tests.probe_facts import deaths  # noqa: E402
 from tests.refit_fleet import SHARDS, Fleet  # noqa: E402
 
 REFIT_TIMEOUT_S = 2.0
@@ -118,8 +119,13 @@ def test_kill_in_the_middle_of_a_broadcast_recovers_on_the_smaller_world(ray_clu
         assert outcome.recovered and outcome.participants == (0, 1)
         types = _types_since(ledger, head)
         assert types[:2] == ["refit_started", "refit_aborted"]
-        assert "actor_death_confirmed" in types
-        assert types.index("weights_marked_partial") > types.index("actor_death_confirmed")
+        (death,) = deaths(ledger.log.read(ledger.run, head), 2)
+        partial = next(
+            r.seq
+            for r in ledger.log.read(ledger.run, head)
+            if r.event.type == "weights_marked_partial"
+        )
+        assert death.seq < partial
         assert types[-2:] == ["refit_started", "refit_completed"]
         assert ledger.view.state_of(2) is ShardState.DEAD
         for shard in (0, 1):  # partial weights, then re-admitted by the retry
@@ -369,9 +375,7 @@ def test_a_shard_the_push_saw_die_is_recorded_dead_though_its_probe_answered(led
     failure = RefitFailed("push", dead={Party.shard(1): "ActorDiedError: killed"})
     outcome = _scripted(ledger, failure, {}).refit(1)
     assert outcome.recovered and outcome.participants == (0, 2) and outcome.condemned is None
-    (death,) = [
-        r.event for r in ledger.log.read(ledger.run, 1) if r.event.type == "actor_death_confirmed"
-    ]
+    (death,) = deaths(ledger.log.read(ledger.run, 1))
     assert (death.shard, death.error) == (1, "seen dying by the refit: ActorDiedError: killed")
 
 
@@ -464,7 +468,8 @@ def _assert_aborted_on_the_recorded_death(ledger: Ledger, head: int, victim: int
     events = list(ledger.log.read(ledger.run, head))
     by_seq = {r.seq: r.event for r in events}
     died_at = ledger.view.shards[victim].since_seq  # the event that made it DEAD
-    assert by_seq[died_at].type == "actor_death_confirmed" and by_seq[died_at].shard == victim
+    assert [(f.seq, f.kind) for f in deaths(events, victim)] == [(died_at, "died")]
+    assert died_at in by_seq
     aborted = [r for r in events if r.event.type == "refit_aborted"]
     assert len(aborted) == 1, [a.event.reason for a in aborted]
     (abort,) = aborted

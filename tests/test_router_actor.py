@@ -61,7 +61,9 @@ def test_a_killed_router_actor_comes_back_on_its_port_with_the_true_membership(
         assert answered == "1"  # its very first answer knows shard 0 is DEAD
         assert ray.get(handle.url.remote()) == url and ray.get(handle.pid.remote()) != pid
     finally:
-        ray.get(handle.stop.remote(), timeout=30)
-        ray.kill(handle)
-        fleet.shutdown()
-        log.close()
+        try:
+            ray.get(handle.stop.remote(), timeout=30)
+        finally:
+            ray.kill(handle)
+            fleet.shutdown()
+            log.close()

@@ -66,8 +66,16 @@ def test_simulate_json_prints_one_clean_document(sqlite_url):
         (["--probe-timeout", "1", "--probe-interval", "0.5"], "probe_timeout_s"),
         (["--shards", "0"], "shards must be >= 1"),
         (["--engine", "gpu"], "--engine gpu: expected one of sim, vllm"),
-        (["--model", "/no/such/model"], "--model /no/such/model: no such directory"),
-        (["--model", "."], "--model .: not a Hugging Face model directory (no config.json)"),
+        (
+            ["--engine", "vllm", "--model", "/no/such/model"],
+            "--model /no/such/model: no such directory",
+        ),
+        (
+            ["--engine", "vllm", "--model", "."],
+            "--model .: not a Hugging Face model directory (no config.json)",
+        ),
+        (["--engine", "vllm", "--weights-mb", "3"], "--weights-mb is for --engine sim"),
+        (["--probe-interval", "0"], "probe_interval_s: Input should be greater than 0"),
     ],
 )
 def test_bad_simulate_options_are_one_line_errors(args, message, sqlite_url, tmp_path):

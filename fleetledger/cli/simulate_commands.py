@@ -23,7 +23,9 @@ def simulate(
     steps: Annotated[int, typer.Option(help="Train steps; one refit after each.")] = 5,
     groups: Annotated[int, typer.Option(help="Rollout groups per step.")] = 4,
     group_size: Annotated[int, typer.Option(help="Rollouts per group.")] = 4,
-    generation_ms: Annotated[float, typer.Option(help="Time one generation takes.")] = 50.0,
+    generation_ms: Annotated[
+        float | None, typer.Option(help="Time one generation takes (sim engine) [default: 50].")
+    ] = None,
     kill: Annotated[
         list[str] | None,
         typer.Option(metavar="SHARD@STEP", help="SIGKILL a shard while a step's rollouts run."),
@@ -35,7 +37,9 @@ def simulate(
     wedge: Annotated[
         list[str] | None,
         typer.Option(
-            metavar="SHARD@STEP", help="Make a shard hang every generation (probes still answer)."
+            metavar="SHARD@STEP",
+            help="Make a shard hang every generation while plain probes still answer (vllm: "
+            "SIGSTOP its engine core).",
         ),
     ] = None,
     blip: Annotated[
@@ -82,8 +86,12 @@ def simulate(
         ),
     ] = None,
     weights_mb: Annotated[
-        float, typer.Option(help="Size of the trainer's parameters pushed at every refit.")
-    ] = 4.0,
+        float | None,
+        typer.Option(
+            help="Size of the trainer's parameters pushed at every refit (sim engine; vllm "
+            "pushes its model) [default: 4]."
+        ),
+    ] = None,
     generation_timeout: Annotated[
         float, typer.Option(help="Deadline of one generation in seconds; 0 = none.")
     ] = 5.0,
@@ -105,8 +113,9 @@ def simulate(
 ) -> None:
     """Run an asynchronous RL loop on a local Ray cluster, recorded in the ledger.
 
-    A trainer actor steps, simulated generation shards serve rollouts through the
-    least-outstanding selector, a refit follows every step, the controller probes and
+    A trainer actor steps, generation shards (simulated, or real vLLM engines with
+    --engine vllm) serve rollouts through the least-outstanding selector (or through the
+    run's router with --router), a refit follows every step, the controller probes and
     watches; then the run's membership and replay are printed.
     """
     try:
@@ -135,21 +144,27 @@ def simulate(
             for spec in specs or []
         )
         real = engine == "vllm"
-        if real:
-            _require_vllm()
-        if model is not None:
-            resolve_model(model)  # a wrong directory is refused before any cluster starts
+        for option, given in (("--weights-mb", weights_mb), ("--generation-ms", generation_ms)):
+            if real and given is not None:
+                raise ValueError(
+                    f"{option} is for --engine sim: a vLLM engine generates and is refit "
+                    "with its model"
+                )
         spec = SimulationSpec(
             shards=shards,
             steps=steps,
             groups_per_step=groups,
             group_size=group_size,
-            generation_s=generation_ms / 1000.0,
+            generation_s=(50.0 if generation_ms is None else generation_ms) / 1000.0,
             chaos=chaos,
             config=simulation_config(
-                probe_interval_s=probe_interval or (2.0 if real else 0.5),
-                probe_timeout_s=probe_timeout or (1.0 if real else 0.25),
+                probe_interval_s=(2.0 if real else 0.5)
+                if probe_interval is None
+                else probe_interval,
+                probe_timeout_s=(1.0 if real else 0.25) if probe_timeout is None else probe_timeout,
                 deep_probe=real if deep_probe is None else deep_probe,
+                # A real model's push and reload take longer than 4 MB of tensors.
+                refit_timeout_s=30.0 if real else 2.0,
                 restart_dead_shards=restart,
                 generation_timeout_s=generation_timeout or None,
                 stall_timeout_s=stall_timeout,
@@ -157,11 +172,15 @@ def simulate(
             ),
             run=run,
             metrics_port=metrics_port,
-            weights_bytes=int(weights_mb * 1_000_000),
+            weights_bytes=int((4.0 if weights_mb is None else weights_mb) * 1_000_000),
             engine=engine,  # type: ignore[arg-type]  # validated by the spec
             model=model,
             router=router,
         )
+        if model is not None:
+            resolve_model(model)  # a wrong directory is refused before any cluster starts
+        if real:
+            _require_vllm()
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")
     except ValidationError as exc:

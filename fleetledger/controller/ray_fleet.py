@@ -349,15 +349,20 @@ class RayShardFleet:
                 raise ShardSpawnError(f"died while starting: {detail}")
             pending = {s for s, r in last.items() if r.kind != "ok"}
         for shard in shards_asked:
-            self._record_processes(shard)
+            self._record_processes(shard, max(1.0, deadline - time.monotonic()))
 
-    def _record_processes(self, shard: int) -> None:
+    def _record_processes(self, shard: int, timeout_s: float) -> None:
         """Ask a ready actor which processes its engine started (``child_processes()``,
         when its class has it), to reap them once the actor is gone."""
         handle, _ = self._current(shard)
         if handle is None or not hasattr(handle, "child_processes"):
             return
-        records = ray.get(handle.child_processes.remote(), timeout=30.0)
+        try:
+            records = ray.get(handle.child_processes.remote(), timeout=timeout_s)
+        except Exception as exc:
+            raise ShardSpawnError(
+                f"shard {shard}: did not tell its engine processes: {death_text(exc)}"
+            ) from exc
         with self._lock:
             self._processes[shard] = tuple(ProcessRecord(**r) for r in records)
 

@@ -13,8 +13,6 @@ small task pinned to that node.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -71,9 +69,11 @@ def _kill_here(records: Iterable[ProcessRecord], wait_s: float) -> list[int]:
     killed = []
     for process in alive:
         try:
-            os.kill(process.pid, signal.SIGKILL)
+            # psutil's kill checks the start time again: a pid reused meanwhile is
+            # another process, and is left alone (NoSuchProcess).
+            process.kill()
             killed.append(process.pid)
-        except ProcessLookupError:
+        except psutil.Error:  # gone meanwhile, reused, or not ours to kill
             continue
     psutil.wait_procs(alive, timeout=wait_s)
     return killed

@@ -18,6 +18,7 @@ import os
 
 import ray
 from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from fleetledger.controller.config import RouterConfig
 from fleetledger.controller.router import Router, reserve_port
@@ -76,6 +77,9 @@ def start_router_actor(
     learns the membership from the ledger at once.
     """
     port = reserve_port(host) if port is None else port
+    # Pinned to this node: the port was reserved here, and a router Ray restarts must
+    # come back at the same address, not on whichever node has room.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     handle = (
         ray.remote(RouterActor)
         .options(
@@ -84,8 +88,13 @@ def start_router_actor(
             num_cpus=0,
             max_restarts=-1,
             max_task_retries=-1,
+            scheduling_strategy=here,
         )
         .remote(db_url, run, config, host, port, window_s)
     )
-    url: str = ray.get(handle.url.remote(), timeout=timeout_s)
+    try:
+        url: str = ray.get(handle.url.remote(), timeout=timeout_s)
+    except BaseException:
+        ray.kill(handle, no_restart=True)  # a router that never served must not linger
+        raise
     return handle, url

@@ -22,12 +22,17 @@ from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
 from fleetledger.transports.ray_members import CommunicatorActor
 
 __all__ = [
+    "DEEP_PROBE_BOUND_S",
     "FAULTS",
     "Fault",
     "SimulatedRefitShard",
     "SimulatedShard",
     "simulated_shard_factory",
 ]
+
+DEEP_PROBE_BOUND_S = 10.0
+"""How long a deep probe of a wedged simulated engine waits before failing (the probe
+round gives up far earlier; this only keeps abandoned probes from piling up)."""
 
 Fault = Literal["none", "fail", "error", "hang"]
 FAULTS: tuple[Fault, ...] = ("none", "fail", "error", "hang")
@@ -72,7 +77,9 @@ class SimulatedShard(GenerationShard):
         if self._serve_http:
             await self.start_http()  # alive means reachable where the run says it is
         if deep and self._fault == "hang":  # a deep probe generates: the wedge holds it
-            await asyncio.Event().wait()
+            # Bounded here as a real engine bounds it, so probes do not pile up forever.
+            await asyncio.sleep(DEEP_PROBE_BOUND_S)
+            raise TimeoutError(f"shard {self._index}: the deep probe did not complete")
         return True
 
     async def start_http(self) -> str:

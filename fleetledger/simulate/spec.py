@@ -56,6 +56,7 @@ def simulation_config(
     stall_timeout_s: float = 60.0,
     stall_action: Literal["warn", "abort"] = "warn",
     deep_probe: bool = False,
+    refit_timeout_s: float = 2.0,
 ) -> ControllerConfig:
     """The controller configuration of a simulated run: fleet health on, short clocks."""
     return ControllerConfig.model_validate(
@@ -75,7 +76,7 @@ def simulation_config(
                 "stall_timeout_s": stall_timeout_s,
                 "stall_action": stall_action,
             },
-            "refit": {"refit_timeout_s": 2.0, "grace_s": 1.0},
+            "refit": {"refit_timeout_s": refit_timeout_s, "grace_s": 1.0},
         }
     )
 
