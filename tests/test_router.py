@@ -329,6 +329,17 @@ def complete(client: openai.OpenAI, prompt: str = "hi") -> str:
 # ── membership and selection ─────────────────────────────────────────────────
 
 
+def test_every_answer_names_the_shard_that_served_it(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    ledger.actor_died(0, "gone")
+    running = serve(sqlite_url)
+    raw = running.client.completions.with_raw_response.create(
+        model="tiny", prompt="p", max_tokens=1
+    )
+    assert raw.headers["x-fleetledger-shard"] == "1"
+    assert (engines[0].generations, engines[1].generations) == (0, 1)
+
+
 def test_a_dead_shard_in_the_ledger_gets_no_request(sqlite_url, engines, serve):
     ledger = start_run(sqlite_url, [e.base_url for e in engines])
     running = serve(sqlite_url)

@@ -28,7 +28,14 @@ class EngineDead(FleetledgerError, RuntimeError):
     actor death, so traffic moves at once instead of after a streak of failures.
     """
 
-__all__ = ["EngineDead", "Generation", "GenerationRequest", "GenerationShard"]
+
+__all__ = [
+    "EngineDead",
+    "Generation",
+    "GenerationRequest",
+    "GenerationShard",
+    "checked_weight_version",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +84,13 @@ class GenerationShard(ABC):
     @abstractmethod
     async def set_weight_version(self, version: int) -> int:
         """Told after a refit that included this shard completed; returns the version."""
+
+
+def checked_weight_version(shard: int, held: int, version: int) -> int:
+    """``version``, if an engine holding ``held`` may be told it now serves it: weights
+    only move forward (an older version is a refit bookkeeping bug, not an update)."""
+    if version < held:
+        raise ValueError(
+            f"shard {shard}: weight version {version} is older than the {held} it holds"
+        )
+    return version

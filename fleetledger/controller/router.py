@@ -60,7 +60,7 @@ from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import AppendRejected, LedgerError
 from fleetledger.events.log import EventLog
 
-__all__ = ["ROUTES", "Router", "RouterError", "reserve_port", "run_router"]
+__all__ = ["ROUTES", "Router", "RouterError", "reserve_port"]
 
 _log = structlog.get_logger("fleetledger.router")
 
@@ -377,21 +377,3 @@ class Router:
         if self._session is None:  # pragma: no cover - the site only runs after start()
             raise RouterError(f"router for run {self.run!r} was not started")
         return self._session
-
-
-def run_router(
-    db_url: str,
-    run: str,
-    config: RouterConfig | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    name: str = "router",
-    window_s: float = 1.0,
-    poll_s: float = 0.25,
-    stop: threading.Event | None = None,
-) -> None:
-    """Build a :class:`Router` and serve it in the calling thread until ``stop`` is set."""
-    Router(
-        db_url, run, config, host=host, port=port, name=name, window_s=window_s, poll_s=poll_s
-    ).serve_forever(stop)

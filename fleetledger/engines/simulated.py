@@ -17,7 +17,12 @@ import ray
 from ray.actor import ActorHandle
 
 from fleetledger.controller.failure_taxonomy import RolloutDataFailure
-from fleetledger.controller.generation_shard import Generation, GenerationRequest, GenerationShard
+from fleetledger.controller.generation_shard import (
+    Generation,
+    GenerationRequest,
+    GenerationShard,
+    checked_weight_version,
+)
 from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
 from fleetledger.transports.ray_members import CommunicatorActor
 
@@ -141,12 +146,7 @@ class SimulatedShard(GenerationShard):
         return f"ray://{context.get_actor_name() or context.get_actor_id()}"
 
     async def set_weight_version(self, version: int) -> int:
-        if version < self._weight_version:
-            raise ValueError(
-                f"shard {self._index}: weight version {version} is older than the "
-                f"{self._weight_version} it holds"
-            )
-        self._weight_version = version
+        self._weight_version = checked_weight_version(self._index, self._weight_version, version)
         return version
 
     # ── the simulation's own controls ───────────────────────────────────────

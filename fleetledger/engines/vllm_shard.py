@@ -47,6 +47,7 @@ from fleetledger.controller.generation_shard import (
     Generation,
     GenerationRequest,
     GenerationShard,
+    checked_weight_version,
 )
 from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
 from fleetledger.controller.reaping import children_of_this_process
@@ -365,12 +366,7 @@ class VllmShard(CommunicatorActor, GenerationShard):
         return self._weight_version
 
     async def set_weight_version(self, version: int) -> int:
-        if version < self._weight_version:
-            raise ValueError(
-                f"shard {self._index}: weight version {version} is older than the "
-                f"{self._weight_version} it holds"
-            )
-        self._weight_version = version
+        self._weight_version = checked_weight_version(self._index, self._weight_version, version)
         return version
 
     async def base_url(self) -> str:
