@@ -14,6 +14,7 @@ import pty
 import subprocess
 import threading
 
+import structlog
 from typer.testing import CliRunner, Result
 
 from fleetledger import cli as cli_module
@@ -24,10 +25,20 @@ CLI_ENV_VARS = ("FLEETLEDGER_DB", "FLEETLEDGER_LOG", "FLEETLEDGER_LOG_FORMAT")
 def run_cli(
     *args: str, input: bytes | str | None = None, env: dict[str, str | None] | None = None
 ) -> Result:
-    """Run one command; the ledger comes only from ``--db`` (or ``env``), never the shell's."""
-    return CliRunner().invoke(
-        cli_module.app, list(args), input=input, env={"FLEETLEDGER_DB": None, **(env or {})}
-    )
+    """Run one command; the ledger comes only from ``--db`` (or ``env``), never the shell's.
+
+    structlog's configuration is put back afterwards whether or not the test uses
+    ``cli_sandbox``: the command pointed it at a stream CliRunner closes, and a later
+    module's first log line would fail on it (seen: a test without the fixture broke
+    four tests of the next module).
+    """
+    saved = structlog.get_config()
+    try:
+        return CliRunner().invoke(
+            cli_module.app, list(args), input=input, env={"FLEETLEDGER_DB": None, **(env or {})}
+        )
+    finally:
+        structlog.configure(**saved)
 
 
 def invoke(
