@@ -361,8 +361,9 @@ def test_two_suspects_condemnation_is_refused_naming_both_and_the_run_fails(
     entries = history(sqlite_url)
     refusal = [d for d in of_kind(entries, DecisionEntry) if d.decision == "condemnation_refused"]
     assert [(d.seq, d.subjects, d.detail) for d in refusal] == [(refused, (1, 2), detail)]
-    # One probe round, one batch, in shard order: shard 1's timeout just before shard 2's.
-    for shard, timed_out in ((1, suspects - 1), (2, suspects)):
+    # One probe round, one event: both timeouts are at the round's seq (applied in
+    # shard order there).
+    for shard, timed_out in ((1, suspects), (2, suspects)):
         assert transitions(entries, shard) == [
             (timed_out, "HEALTHY", "SUSPECT", "probe failed"),
             (partial, "SUSPECT", "STALE", "weights marked partial"),
@@ -515,7 +516,7 @@ def test_restart_budget_exhausted_retires_the_shard(sqlite_url: str) -> None:
     led = s.ledger
     refit(led, 1)
     led.record_probes({0: OK, 1: DIED, 2: OK})
-    death = s.mark("round") - 1  # the round is one batch in shard order: shard 2's probe last
+    death = s.mark("round")  # the round is one event: shard 1's death is at its seq
     requested, failed = [], []
     for _ in range(2):
         led.restart_requested(1)
@@ -589,14 +590,14 @@ def test_fleet_exhausted_below_min_healthy_shards_ends_the_run_with_that_cause(
     s.close()
 
     entries = history(sqlite_url)
-    # Each probe round is one batch of two events, shard 1's first: its seq is the round's - 1.
-    timeouts = tuple(p - 1 for p in probes)
+    # Each probe round is one event: shard 1's timeout is at the round's seq.
+    timeouts = tuple(probes)
     assert transitions(entries, 1) == [
         (timeouts[0], "HEALTHY", "SUSPECT", "probe failed"),
         (timeouts[2], "SUSPECT", "DEAD", "probe failed"),
     ]
     assert transition_at(entries, 1, timeouts[2]).evidence == timeouts
-    assert transitions(entries, 0) == [(death - 2, "HEALTHY", "DEAD", "actor death confirmed")]
+    assert transitions(entries, 0) == [(death, "HEALTHY", "DEAD", "actor death confirmed")]
     decision = [d for d in of_kind(entries, DecisionEntry) if d.decision == "fleet_exhausted"]
     assert [(d.seq, d.detail) for d in decision] == [
         (exhausted, "1 serving < min_healthy_shards 2 (HEALTHY 1, DEAD 2)")
@@ -611,7 +612,7 @@ def test_fleet_exhausted_below_min_healthy_shards_ends_the_run_with_that_cause(
         "why: fleet exhausted: 1 serving < min_healthy_shards 2 (HEALTHY 1, DEAD 2) "
         f"(seq {exhausted})"
     ) in run
-    assert f"shard 0 DEAD since seq {death - 2}: actor death confirmed by the runtime" in run
+    assert f"shard 0 DEAD since seq {death}: actor death confirmed by the runtime" in run
     assert (
         f"shard 1 DEAD since seq {timeouts[2]}: 3 consecutive failed probes ≥ unhealthy_threshold 3"
     ) in run
