@@ -44,9 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Connection,
     Engine,
-    create_engine,
     delete,
     event,
     insert,
@@ -78,6 +76,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.events.schema import events as events_table
 from fleetledger.events.schema import metadata, runs, snapshots
+from fleetledger.events.sqlite_file import sqlite_engine, use_wal
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
@@ -89,7 +88,6 @@ GENERATOR_VERSION = 1
 RUN = "bench-run"
 DEFAULT_DB_DIR = "/tmp/fleetledger-bench"
 BUILD_BATCH = 1000
-SQLITE_BUSY_TIMEOUT_MS = 30_000  # the same busy timeout the package sets
 
 # Targets from the brief; printed next to each figure, never asserted.
 TARGET_SINGLE_RATIO = 0.9
@@ -325,24 +323,9 @@ def raw_engine(path: Path) -> Engine:
     WAL, ``synchronous=FULL``, the same busy timeout, driver transaction control off
     and ``BEGIN IMMEDIATE`` for every transaction (the raw side only writes).
     """
-    engine = create_engine(
-        make_url(sqlite_url(path)), connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-    )
-
-    @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        finally:
-            cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # The package's own engine factory: the same durability by construction, not by copy.
+    engine = sqlite_engine(make_url(sqlite_url(path)))
+    use_wal(engine)
 
     # The very same table definitions the package's schema module describes (the events
     # table's primary key on (run_id, seq) and unique (run_id, event_id) included).

@@ -68,13 +68,19 @@ def fleet(ray_cluster: str) -> Iterator[Fleet]:
     fleet.close()
 
 
-def _coordinator(fleet: Fleet, ledger: Ledger) -> RefitCoordinator:
+def _coordinator(
+    fleet: Fleet,
+    ledger: Ledger,
+    *,
+    refit_timeout_s: float | None = REFIT_TIMEOUT_S,
+    grace_s: float = 10.0,
+) -> RefitCoordinator:
     return RefitCoordinator(
         ledger,
         fleet.sync,
         fleet.prober(),
-        refit_timeout_s=REFIT_TIMEOUT_S,
-        grace_s=10.0,
+        refit_timeout_s=refit_timeout_s,
+        grace_s=grace_s,
         probe_timeout_s=1.0,
     )
 
@@ -601,13 +607,8 @@ def test_a_value_error_from_the_transport_with_one_suspect_ends_the_run_with_it(
 
 
 def _default_coordinator(fleet: Fleet, ledger: Ledger) -> RefitCoordinator:
-    return RefitCoordinator(
-        ledger,
-        fleet.sync,
-        fleet.prober(),
-        refit_timeout_s=DEFAULTS.refit_timeout_s,
-        grace_s=DEFAULTS.grace_s,
-        probe_timeout_s=1.0,
+    return _coordinator(
+        fleet, ledger, refit_timeout_s=DEFAULTS.refit_timeout_s, grace_s=DEFAULTS.grace_s
     )
 
 

@@ -48,6 +48,8 @@ removing them takes the write lock. So a read open, when no ``-shm`` is there:
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -168,6 +170,19 @@ def open_database(url: str | None = None, *, mode: OpenMode = "write") -> Databa
     return _open_postgres(parsed, mode)
 
 
+@contextmanager
+def _refused_disposes(database: Database, parsed: URL) -> Iterator[None]:
+    """A refused open leaves no engine, pool or keeper behind, and a driver's error is
+    told as the ledger's (one line naming it)."""
+    try:
+        yield
+    except (DBAPIError, LedgerOpenError) as exc:
+        database.dispose()
+        if isinstance(exc, DBAPIError):
+            raise _connect_error(parsed, exc) from None
+        raise
+
+
 def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
     path = sqlite_path(parsed)
     params = sqlite_params(parsed)
@@ -186,7 +201,7 @@ def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
     database = Database(engine, parsed, "sqlite", None, False, read_only, None, keeper)
     where = database.display_url
     head = head_revision()
-    try:
+    with _refused_disposes(database, parsed):
         with engine.connect() as conn:
             state = schema_state(conn)
             conn.rollback()
@@ -216,11 +231,6 @@ def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
                 )
         else:
             use_wal(engine)  # a no-op on a ledger already in WAL mode
-    except (DBAPIError, LedgerOpenError) as exc:
-        database.dispose()  # a refused open leaves no engine, pool or keeper behind
-        if isinstance(exc, DBAPIError):
-            raise _connect_error(parsed, exc) from None
-        raise
     return database
 
 
@@ -229,7 +239,7 @@ def _open_postgres(parsed: URL, mode: OpenMode) -> Database:
     engine = postgres_engine(parsed, read_only=read_only)
     database = Database(engine, parsed, "postgresql", None, False, read_only)
     where = database.display_url
-    try:
+    with _refused_disposes(database, parsed):
         with engine.connect() as conn:
             state = schema_state(conn)
             conn.rollback()
@@ -239,11 +249,6 @@ def _open_postgres(parsed: URL, mode: OpenMode) -> Database:
         elif state.revision != head_revision():
             raise migration_required(state, where)
         database.revision = state.revision
-    except (DBAPIError, LedgerOpenError) as exc:
-        database.dispose()  # a refused open leaves no engine, pool or keeper behind
-        if isinstance(exc, DBAPIError):
-            raise _connect_error(parsed, exc) from None
-        raise
     return database
 
 

@@ -45,6 +45,27 @@ class DriverStatement:
 INSERT_COLUMNS = ("run_id", "seq", "event_id", "type", "schema_version", "at_us", "payload")
 
 
+def _page_of(*id_column: Any) -> Any:
+    """One page of a run's rows in seq order, ``(lo, hi]``: seq, stamp, the id when
+    asked for (``id_column``), type, version, payload."""
+    return (
+        select(
+            events.c.seq,
+            events.c.at_us,
+            *id_column,
+            events.c.type,
+            events.c.schema_version,
+            events.c.payload,
+        )
+        .where(
+            events.c.run_id == bindparam("run"),
+            events.c.seq > bindparam("lo"),
+            events.c.seq <= bindparam("hi"),
+        )
+        .order_by(events.c.seq)
+    )
+
+
 class Statements:
     """The hot-path statements of one database, compiled once."""
 
@@ -70,41 +91,10 @@ class Statements:
         )
         if self.insert_events.order not in (None, INSERT_COLUMNS):
             raise AssertionError(f"unexpected INSERT order {self.insert_events.order}")
-        self.page = DriverStatement(
-            select(
-                events.c.seq,
-                events.c.at_us,
-                events.c.event_id,
-                events.c.type,
-                events.c.schema_version,
-                events.c.payload,
-            )
-            .where(
-                events.c.run_id == bindparam("run"),
-                events.c.seq > bindparam("lo"),
-                events.c.seq <= bindparam("hi"),
-            )
-            .order_by(events.c.seq),
-            dialect,
-        )
+        self.page = DriverStatement(_page_of(events.c.event_id), dialect)
         # The page a fold reads: the same rows without their ids, which a fold never
         # reads (a fifth less to fetch; ``EventCodec.decode_contents``).
-        self.content_page = DriverStatement(
-            select(
-                events.c.seq,
-                events.c.at_us,
-                events.c.type,
-                events.c.schema_version,
-                events.c.payload,
-            )
-            .where(
-                events.c.run_id == bindparam("run"),
-                events.c.seq > bindparam("lo"),
-                events.c.seq <= bindparam("hi"),
-            )
-            .order_by(events.c.seq),
-            dialect,
-        )
+        self.content_page = DriverStatement(_page_of(), dialect)
         # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
         self.time_of = DriverStatement(
             select(events.c.at_us).where(
