@@ -13,8 +13,8 @@ from fleetledger.events.models import (
     FailureCount,
     FleetConfig,
     OutcomeWindowReported,
-    ProbeFailed,
-    ProbeSucceeded,
+    ProbeFailure,
+    ProbeRound,
     RefitCompleted,
     RefitStarted,
     ReplacementLoaded,
@@ -46,11 +46,22 @@ def run_ended(outcome: str = "completed") -> RunEnded:
     return RunEnded(outcome=outcome, cause="the trainer finished")
 
 
+def probe_ok(shard: int, **fields: Any) -> ProbeRound:
+    """One shard's successful probe: a round of that shard (what the pump records)."""
+    return ProbeRound(ok=(shard,), **fields)
+
+
+def probe_failed(shard: int, kind: str = "timeout", error: str = "", **fields: Any) -> ProbeRound:
+    """One shard's failed probe: a round of that shard (what the pump records)."""
+    failure = ProbeFailure(shard=shard, kind=kind, error=error)  # type: ignore[arg-type]
+    return ProbeRound(failed=(failure,), **fields)
+
+
 def mixed_events(n: int, shards: int = 3) -> list[Event]:
     """``n`` events of varied types and payload shapes, all valid for ``shards`` shards."""
     makers = [
-        lambda i: ProbeSucceeded(shard=i % shards),
-        lambda i: ProbeFailed(shard=i % shards, kind="timeout", error=f"probe {i} timed out"),
+        lambda i: probe_ok(i % shards),
+        lambda i: probe_failed(i % shards, "timeout", f"probe {i} timed out"),
         lambda i: OutcomeWindowReported(
             adapter="rollout-adapter",
             outcomes=(

@@ -10,8 +10,9 @@ once the database is open, and then:
 - ``crash URL RUN TRIAL SEED``: waits for a line on stdin (so a worker can be started
   ahead of its turn), then appends batches to RUN until it is killed, printing
   ``event_id seq`` pairs of each batch on one line, flushed right after ``append``
-  returns. Every event's ``error`` field is ``t<trial>:b<batch>:<index>:<size>`` so the
-  parent can tell which batch a stored event belongs to.
+  returns. Every event is a one-shard round of a failed probe whose ``error`` is
+  ``t<trial>:b<batch>:<index>:<size>``, so the parent can tell which batch a stored
+  event belongs to.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import random
 import sys
 
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import ProbeFailed, ProbeSucceeded, RefitStarted
+from fleetledger.events.models import RefitStarted
+from tests.builders import probe_failed, probe_ok
 
 SHARDS = 3  # the runs these workers append to are started with tests.builders.fleet_config()
 
@@ -38,8 +40,8 @@ def _concurrent(url: str, run: str, worker: int, count: int, seed: int) -> None:
             batch = [
                 rng.choice(
                     [
-                        ProbeSucceeded(shard=(made + i) % SHARDS),
-                        ProbeFailed(shard=worker % SHARDS, kind="error", error=f"w{worker}"),
+                        probe_ok((made + i) % SHARDS),
+                        probe_failed(worker % SHARDS, "error", f"w{worker}"),
                         RefitStarted(weight_version=made + i, shards=(0, 1)),
                     ]
                 )
@@ -64,9 +66,7 @@ def _crash(url: str, run: str, trial: int, seed: int) -> None:
     while True:
         size = rng.choice([1, 1, 1, 2, 3, 8, 40, 200])
         batch = [
-            ProbeFailed(
-                shard=(number + i) % SHARDS, kind="timeout", error=f"t{trial}:b{number}:{i}:{size}"
-            )
+            probe_failed((number + i) % SHARDS, "timeout", f"t{trial}:b{number}:{i}:{size}")
             for i in range(size)
         ]
         seqs = log.append(run, batch)

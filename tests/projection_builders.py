@@ -23,10 +23,8 @@ from fleetledger.events.models import (
     FleetExhausted,
     OutcomeWindowReported,
     ProbeDeath,
-    ProbeFailed,
     ProbeFailure,
     ProbeRound,
-    ProbeSucceeded,
     ProgressReported,
     RecordedEvent,
     RefitAborted,
@@ -167,12 +165,15 @@ class Fleet:
         return out
 
     def probe_ok(self, shard: int, times: int = 1) -> list[Transition]:
-        return self._repeat(ProbeSucceeded, times, shard=shard)
+        """``times`` probe rounds in which only ``shard`` was probed, and answered."""
+        return self._repeat(ProbeRound, times, ok=(shard,))
 
     def probe_failed(
         self, shard: int, times: int = 1, *, kind: str = "timeout", error: str = ""
     ) -> list[Transition]:
-        return self._repeat(ProbeFailed, times, shard=shard, kind=kind, error=error)
+        """``times`` probe rounds in which only ``shard`` was probed, and failed."""
+        failure = ProbeFailure(shard=shard, kind=kind, error=error)  # type: ignore[arg-type]
+        return self._repeat(ProbeRound, times, failed=(failure,))
 
     def actor_died(
         self, shard: int, error: str = "ActorDiedError: worker exited"
@@ -251,12 +252,10 @@ def every_event_naming(shard: int, shard_count: int) -> list[Event]:
     """One event of every kind, each touching ``shard`` where the kind names a shard."""
     everyone = tuple(range(shard_count))
     return [
-        ProbeSucceeded(shard=shard),
-        ProbeFailed(shard=shard, kind="timeout"),
-        ProbeFailed(shard=shard, kind="error", error="connection refused"),
         ActorDeathConfirmed(shard=shard, error="ActorDiedError"),
         ProbeRound(ok=(shard,)),
         ProbeRound(failed=(ProbeFailure(shard=shard, kind="timeout"),)),
+        ProbeRound(failed=(ProbeFailure(shard=shard, kind="error", error="connection refused"),)),
         ProbeRound(died=(ProbeDeath(shard=shard, error="ActorDiedError"),)),
         window(outcome(shard, successes=4)),
         window(outcome(shard, infra=9)),

@@ -45,11 +45,11 @@ from fleetledger.events.errors import EventIdConflict
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     Event,
-    ProbeFailed,
-    ProbeSucceeded,
     RefitCompleted,
     RefitStarted,
+    RestartRequested,
 )
+from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import (
     R1_HEAD,
@@ -736,38 +736,49 @@ def test_hostile_input_is_refused_in_bounded_memory(
     ("other", "named"),
     [
         (
-            lambda: ProbeFailed(id="r1-2", shard=0, kind="timeout", error="no answer"),
-            "as a 'probe_succeeded' event, not 'probe_failed'",
+            lambda: RestartRequested(id="r1-2", shard=0),
+            "as a 'probe_succeeded' event, not 'restart_requested'",
         ),
         (
-            lambda: ProbeSucceeded(id="r1-2", shard=1),
-            "as a 'probe_succeeded' event with other shard",
+            lambda: probe_failed(0, "timeout", "no answer", id="r1-2"),
+            "as a 'probe_succeeded' event (read as 'probe_round') with other failed, ok",
+        ),
+        (
+            lambda: probe_ok(1, id="r1-2"),
+            "as a 'probe_succeeded' event (read as 'probe_round') with other ok",
         ),
     ],
-    ids=["another_type", "another_payload"],
+    ids=["another_type", "another_result", "another_shard"],
 )
 def test_a_stored_id_is_a_retry_only_with_the_same_content(
     ledger_url: str, other: Callable[[], Event], named: str
 ) -> None:
-    """r1-2 is ProbeSucceeded(shard=0) at seq 2: resent as is, it is a retry (its seq,
-    nothing written); resent as another event, it is refused naming the id and the seq,
+    """r1-2 is a v1 ``probe_succeeded`` row of shard 0 at seq 2, read as the one-shard
+    round it means: resent as that round, it is a retry (its seq, nothing written);
+    resent as another event, it is refused naming the id, the seq and the stored type,
     and the batch's other, new event is not written either."""
     _build(ledger_url)
     before = dump(ledger_url)
     with EventLog.open(ledger_url) as log:
         with pytest.raises(EventIdConflict) as info:
-            log.append("r1", [ProbeSucceeded(id="new-1", shard=2), other()])
+            log.append("r1", [probe_ok(2, id="new-1"), other()])
         assert (info.value.event_id, info.value.stored_seq, info.value.index) == ("r1-2", 2, 1)
         assert f"event id r1-2 is already stored at seq 2 {named}" in str(info.value)
         assert "run 'r1', event #1 of the batch" in str(info.value)
         assert dump(ledger_url) == before
 
-        assert log.append("r1", [ProbeSucceeded(id="r1-2", shard=0)]) == [2]
+        assert log.append("r1", [probe_ok(0, id="r1-2")]) == [2]
+        read_back = [r.event for r in log.read("r1", 1, 3)]
+        assert log.append("r1", read_back) == [2, 3]  # what was read, resent: a retry
     with EventLog.open(ledger_url) as fresh:  # another process: no cached head or config
-        assert fresh.append("r1", [ProbeSucceeded(id="r1-2", shard=0)]) == [2]
+        assert fresh.append("r1", [probe_ok(0, id="r1-2")]) == [2]
         with pytest.raises(EventIdConflict):
             fresh.append("r1", [other()])
     assert dump(ledger_url) == before
+
+
+def stored_rows(log: EventLog, run: str, first: int, last: int) -> list[tuple[Any, ...]]:
+    return [tuple(row) for page in log.read_stored(run, first - 1, last) for row in page]
 
 
 def test_a_retry_of_a_whole_batch_with_one_changed_event_is_refused(ledger_url: str) -> None:
@@ -793,7 +804,7 @@ def test_an_imported_run_recognises_a_retry_by_content_not_by_bytes(
     _build(ledger_url)
     error = "no answer from 127.0.0.1 — 5 s"
     with EventLog.open(ledger_url) as log:
-        log.append("r1", [ProbeFailed(id="r1-7", shard=2, kind="error", error=error)])
+        log.append("r1", [probe_failed(2, "error", error, id="r1-7")])
     ctx = Ctx(ledger_url, "sqlite", tmp_path)
 
     def reordered(lines: list[dict[str, Any]]) -> list[Line]:
@@ -806,8 +817,16 @@ def test_an_imported_run_recognises_a_retry_by_content_not_by_bytes(
         stored = [r for r in dump(ledger_url)["fleetledger_events"] if r[:2] == ("copy", 7)]
         assert "\\u2014" in stored[0][6], "the import kept the file's escapes"
         before = dump(ledger_url)
-        same = ProbeFailed(id="r1-7", shard=2, kind="error", error=error)
+        same = probe_failed(2, "error", error, id="r1-7")
         assert log.append("copy", [same]) == [7]
-        with pytest.raises(EventIdConflict, match="with other error"):
-            log.append("copy", [ProbeFailed(id="r1-7", shard=2, kind="error", error="other")])
+        with pytest.raises(EventIdConflict, match="with other failed"):
+            log.append("copy", [probe_failed(2, "error", "other", id="r1-7")])
+        # The copy holds r1's v1 probe rows as they were; the rounds they read as, resent,
+        # are retries too.
+        assert [row[3:5] for row in stored_rows(log, "copy", 2, 3)] == [
+            ("probe_succeeded", 1),
+            ("probe_failed", 1),
+        ]
+        old = [probe_ok(0, id="r1-2"), probe_failed(1, "timeout", "no answer", id="r1-3")]
+        assert log.append("copy", old) == [2, 3]
     assert dump(ledger_url) == before

@@ -45,15 +45,15 @@ from fleetledger.events.models import (
     Event,
     FleetConfig,
     OutcomeWindowReported,
-    ProbeFailed,
-    ProbeSucceeded,
     RefitCompleted,
     RefitStarted,
     RunEnded,
     RunStarted,
     ShardOutcomes,
 )
+from tests.builders import probe_failed, probe_ok
 from tests.cli_support import run_cli
+from tests.legacy_rows import insert_old_rows, probe_failed_v1, probe_ok_v1
 
 SHARDS = 3
 R1_HEAD = 6
@@ -73,11 +73,22 @@ def _config(shards: int) -> FleetConfig:
 
 
 def _build(url: str) -> None:
-    """Run r1 (3 shards, 6 events, open) and run r2 (2 shards, 3 events, ended)."""
+    """Run r1 (3 shards, 6 events, open) and run r2 (2 shards, 3 events, ended).
+
+    r1 began under an older fleetledger: seqs 1-3 are the rows it stored, its probes one
+    v1 ``probe_succeeded`` / ``probe_failed`` per shard, and this fleetledger appended
+    the rest. So the cases about stored and imported probe rows meet real v1 rows.
+    """
     with EventLog.open(url) as log:
-        log.append("r1", [RunStarted(id="r1-1", config=_config(SHARDS))])
-        log.append("r1", [ProbeSucceeded(id="r1-2", shard=0)])
-        log.append("r1", [ProbeFailed(id="r1-3", shard=1, kind="timeout", error="no answer")])
+        insert_old_rows(
+            log.database.engine,
+            "r1",
+            [
+                RunStarted(id="r1-1", config=_config(SHARDS)),
+                probe_ok_v1(0, id="r1-2"),
+                probe_failed_v1(1, "timeout", "no answer", id="r1-3"),
+            ],
+        )
         log.append(
             "r1",
             [
@@ -97,7 +108,7 @@ def _build(url: str) -> None:
         log.append(
             "r2",
             [
-                ProbeSucceeded(id="r2-2", shard=0),
+                probe_ok(0, id="r2-2"),
                 RunEnded(id="r2-3", outcome="completed", cause="done"),
             ],
         )
@@ -322,6 +333,10 @@ STORE_UNKNOWN_TYPE = (
 STORE_FUTURE_VERSION = (
     "UPDATE fleetledger_events SET schema_version = 99 WHERE run_id = 'r1' AND seq = 3",
 )
+STORE_OLD_ROW_WITHOUT_SHARD = (
+    """UPDATE fleetledger_events SET payload = '{"id":"r1-2","type":"probe_succeeded"}' """
+    "WHERE run_id = 'r1' AND seq = 2",
+)
 STORE_BAD_PAYLOAD = (
     'UPDATE fleetledger_events SET payload = \'{"id": "r1-2", oops\' '
     "WHERE run_id = 'r1' AND seq = 2",
@@ -529,10 +544,10 @@ CASES: list[Case] = [
     # ── appends ──
     Case(
         "append_shard_out_of_range_second_in_batch",
-        lambda c: append(c.url, "r1", lambda: [ProbeSucceeded(shard=0), ProbeSucceeded(shard=3)]),
+        lambda c: append(c.url, "r1", lambda: [probe_ok(0), probe_ok(3)]),
         AppendRejected,
         (
-            "run 'r1', event #1 of the batch: probe_succeeded: shard 3 is out of range",
+            "run 'r1', event #1 of the batch: probe_round: shard 3 is out of range",
             "shard_count=3 (valid shards 0..2)",
         ),
         backends=BOTH,
@@ -540,15 +555,15 @@ CASES: list[Case] = [
     ),
     Case(
         "append_negative_shard",
-        lambda c: append(c.url, "r1", lambda: [ProbeSucceeded(shard=-1)]),
+        lambda c: append(c.url, "r1", lambda: [probe_failed(-1)]),
         ValidationError,
         ("shard", "greater than or equal to 0"),
     ),
     Case(
         "append_unknown_run",
-        lambda c: append(c.url, "ghost", lambda: [ProbeSucceeded(shard=0)]),
+        lambda c: append(c.url, "ghost", lambda: [probe_ok(0)]),
         UnknownRun,
-        ("run 'ghost'", "no run 'ghost' in this ledger", "got 'probe_succeeded'"),
+        ("run 'ghost'", "no run 'ghost' in this ledger", "got 'probe_round'"),
         backends=BOTH,
     ),
     Case(
@@ -559,16 +574,14 @@ CASES: list[Case] = [
     ),
     Case(
         "append_after_run_ended",
-        lambda c: append(c.url, "r2", lambda: [ProbeSucceeded(shard=0)]),
+        lambda c: append(c.url, "r2", lambda: [probe_ok(0)]),
         AppendRejected,
         ("run 'r2': the run ended at seq 3; nothing may be appended after it",),
         backends=BOTH,
     ),
     Case(
         "append_run_ended_not_last",
-        lambda c: append(
-            c.url, "r1", lambda: [RunEnded(outcome="failed", cause="x"), ProbeSucceeded(shard=0)]
-        ),
+        lambda c: append(c.url, "r1", lambda: [RunEnded(outcome="failed", cause="x"), probe_ok(0)]),
         AppendRejected,
         ("event #0 of the batch: run_ended must be the last event",),
     ),
@@ -577,7 +590,7 @@ CASES: list[Case] = [
         lambda c: append(
             c.url,
             "r1",
-            lambda: [ProbeSucceeded(id="dup", shard=0), ProbeSucceeded(id="dup", shard=1)],
+            lambda: [probe_ok(0, id="dup"), probe_ok(1, id="dup")],
         ),
         AppendRejected,
         ("run 'r1', event #1 of the batch: event id dup appears twice",),
@@ -592,13 +605,13 @@ CASES: list[Case] = [
     ),
     Case(
         "append_empty_run_id",
-        lambda c: append(c.url, "", lambda: [ProbeSucceeded(shard=0)]),
+        lambda c: append(c.url, "", lambda: [probe_ok(0)]),
         AppendRejected,
         ("a run id must be 1..128 printable characters",),
     ),
     Case(
         "append_to_read_only_ledger",
-        lambda c: append(c.ro_url, "r1", lambda: [ProbeSucceeded(shard=0)]),
+        lambda c: append(c.ro_url, "r1", lambda: [probe_ok(0)]),
         LedgerWriteError,
         ("write failed (the ledger is read-only)", "readonly database"),
     ),
@@ -635,6 +648,15 @@ CASES: list[Case] = [
         backends=BOTH,
         setup=_sql(*STORE_FUTURE_VERSION),
         check=_decode_error_at("r1", 3),
+    ),
+    Case(
+        "stored_old_probe_row_without_shard_read",
+        lambda c: read_all(c.url, "r1"),
+        EventDecodeError,
+        ("run 'r1' seq 2: invalid 'probe_succeeded' event: shard: Field required",),
+        backends=BOTH,
+        setup=_sql(*STORE_OLD_ROW_WITHOUT_SHARD),
+        check=_decode_error_at("r1", 2),
     ),
     Case(
         "stored_payload_not_json",
@@ -971,10 +993,10 @@ def test_a_refused_batch_writes_none_of_its_valid_events(ledger_url: str) -> Non
     """The valid first half of a bad batch is not written either (one transaction)."""
     _build(ledger_url)
     before = dump(ledger_url)
-    good: list[Event] = [ProbeSucceeded(id="ok-1", shard=0), ProbeSucceeded(id="ok-2", shard=1)]
+    good: list[Event] = [probe_ok(0, id="ok-1"), probe_ok(1, id="ok-2")]
     with EventLog.open(ledger_url) as log:
         with pytest.raises(AppendRejected):
-            log.append("r1", [*good, ProbeSucceeded(id="bad", shard=SHARDS + 5)])
+            log.append("r1", [*good, probe_ok(SHARDS + 5, id="bad")])
         assert log.head("r1") == R1_HEAD
         assert "ok-1" not in log.event_ids("r1").values()
     assert dump(ledger_url) == before

@@ -25,13 +25,20 @@ from fleetledger.events.database import open_database
 from fleetledger.events.errors import AppendRejected, UnknownRun
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
-    ProbeFailed,
-    ProbeSucceeded,
+    ProbeRound,
     RefitStarted,
     RunEnded,
     RunStarted,
 )
-from tests.builders import dump_tables, fleet_config, mixed_events, run_ended, run_started
+from tests.builders import (
+    dump_tables,
+    fleet_config,
+    mixed_events,
+    probe_failed,
+    probe_ok,
+    run_ended,
+    run_started,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = "run-a"
@@ -78,7 +85,7 @@ def test_later_appends_continue_the_sequence_and_reads_take_a_range(log):
 
 def test_runs_lists_every_run_with_its_head_and_whether_it_ended(log):
     log.append("first", [run_started(), *mixed_events(3)])
-    log.append("second", [run_started(shards=2), ProbeSucceeded(shard=1)])
+    log.append("second", [run_started(shards=2), probe_ok(1)])
     log.append("first", [run_ended()])
 
     summaries = {s.run_id: s for s in log.runs()}
@@ -96,10 +103,10 @@ def test_runs_lists_every_run_with_its_head_and_whether_it_ended(log):
 
 
 def test_runs_are_numbered_independently(log):
-    assert log.append("a", [run_started(), ProbeSucceeded(shard=0)]) == [1, 2]
+    assert log.append("a", [run_started(), probe_ok(0)]) == [1, 2]
     assert log.append("b", [run_started()]) == [1]
-    assert log.append("a", [ProbeSucceeded(shard=1)]) == [3]
-    assert log.append("b", [ProbeSucceeded(shard=2)]) == [2]
+    assert log.append("a", [probe_ok(1)]) == [3]
+    assert log.append("b", [probe_ok(2)]) == [2]
 
 
 # ── idempotent appends ───────────────────────────────────────────────────────
@@ -137,7 +144,7 @@ def test_a_retried_run_started_batch_returns_its_stored_seqs_and_writes_nothing(
 
 def test_a_retried_final_batch_of_an_ended_run_returns_its_stored_seqs(log):
     _start(log, events=1)
-    last = [ProbeSucceeded(shard=0), run_ended()]
+    last = [probe_ok(0), run_ended()]
     assert log.append(RUN, last) == [3, 4]
     before = dump_tables(log.database.engine)
 
@@ -150,7 +157,7 @@ def test_a_batch_mixing_stored_and_new_events_keeps_the_old_seqs_and_numbers_the
     stored = mixed_events(4)
     _start(log, events=0)
     assert log.append(RUN, stored) == [2, 3, 4, 5]
-    new = [ProbeSucceeded(shard=2), ProbeFailed(shard=1, kind="error", error="boom")]
+    new = [probe_ok(2), probe_failed(1, "error", "boom")]
 
     seqs = log.append(RUN, [new[0], stored[1], new[1], stored[3]])
 
@@ -163,10 +170,10 @@ def test_a_batch_mixing_stored_and_new_events_keeps_the_old_seqs_and_numbers_the
 def test_an_event_id_twice_in_one_batch_is_rejected_and_writes_nothing(log):
     _start(log)
     before = dump_tables(log.database.engine)
-    event = ProbeSucceeded(shard=0)
+    event = probe_ok(0)
 
     with pytest.raises(AppendRejected, match="appears twice") as caught:
-        log.append(RUN, [event, ProbeSucceeded(shard=1), event])
+        log.append(RUN, [event, probe_ok(1), event])
 
     assert caught.value.index == 2
     assert dump_tables(log.database.engine) == before
@@ -180,7 +187,7 @@ def test_appending_to_an_unknown_run_raises_unknown_run_and_writes_nothing(log):
     before = dump_tables(log.database.engine)
 
     with pytest.raises(UnknownRun, match="run_started") as caught:
-        log.append(RUN, [ProbeSucceeded(shard=0), ProbeSucceeded(shard=1)])
+        log.append(RUN, [probe_ok(0), probe_ok(1)])
 
     assert caught.value.run == RUN
     assert dump_tables(log.database.engine) == before
@@ -196,7 +203,7 @@ def test_a_second_run_started_is_rejected_and_writes_nothing(log):
     with pytest.raises(AppendRejected, match="already started") as alone:
         log.append(RUN, [run_started()])
     with pytest.raises(AppendRejected, match="already started") as inside:
-        log.append(RUN, [ProbeSucceeded(shard=0), run_started(shards=5)])
+        log.append(RUN, [probe_ok(0), run_started(shards=5)])
 
     assert not isinstance(alone.value, UnknownRun)
     assert inside.value.index == 1
@@ -208,7 +215,7 @@ def test_a_run_started_twice_in_its_first_batch_is_rejected_and_creates_no_run(l
     before = dump_tables(log.database.engine)
 
     with pytest.raises(AppendRejected, match="already started"):
-        log.append(RUN, [run_started(), ProbeSucceeded(shard=0), run_started()])
+        log.append(RUN, [run_started(), probe_ok(0), run_started()])
 
     assert dump_tables(log.database.engine) == before
 
@@ -218,11 +225,11 @@ def test_an_out_of_range_shard_is_rejected_naming_the_shard_and_writes_nothing(l
     before = dump_tables(log.database.engine)
 
     with pytest.raises(AppendRejected) as single:
-        log.append(RUN, [ProbeSucceeded(shard=0), ProbeSucceeded(shard=3)])
+        log.append(RUN, [probe_ok(0), probe_ok(3)])
     with pytest.raises(AppendRejected) as listed:
         log.append(RUN, [RefitStarted(weight_version=1, shards=(0, 7, 1))])
     with pytest.raises(AppendRejected) as at_start:
-        log.append("new-run", [run_started(shards=2), ProbeSucceeded(shard=2)])
+        log.append("new-run", [run_started(shards=2), probe_ok(2)])
 
     assert "shard 3 is out of range" in str(single.value)
     assert "shard_count=3" in str(single.value)
@@ -235,16 +242,16 @@ def test_an_out_of_range_shard_is_rejected_naming_the_shard_and_writes_nothing(l
 
 def test_nothing_may_be_appended_after_run_ended_and_the_error_names_the_seq(log):
     _start(log)  # seqs 1..5
-    assert log.append(RUN, [ProbeSucceeded(shard=1), run_ended()]) == [6, 7]
+    assert log.append(RUN, [probe_ok(1), run_ended()]) == [6, 7]
     before = dump_tables(log.database.engine)
 
     with pytest.raises(AppendRejected, match=r"ended at seq 7") as after:
-        log.append(RUN, [ProbeSucceeded(shard=0)])
+        log.append(RUN, [probe_ok(0)])
     with pytest.raises(AppendRejected, match=r"ended at seq 7"):
         log.append(RUN, [run_ended("failed")])
     with EventLog.open(log.database.display_url) as other:  # not a cached verdict
         with pytest.raises(AppendRejected, match=r"ended at seq 7"):
-            other.append(RUN, [ProbeSucceeded(shard=2)])
+            other.append(RUN, [probe_ok(2)])
 
     assert not isinstance(after.value, UnknownRun)
     assert dump_tables(log.database.engine) == before
@@ -256,12 +263,12 @@ def test_run_ended_must_be_the_last_event_of_its_batch(log):
     before = dump_tables(log.database.engine)
 
     with pytest.raises(AppendRejected, match="run_ended must be the last") as caught:
-        log.append(RUN, [ProbeSucceeded(shard=0), run_ended(), ProbeSucceeded(shard=1)])
+        log.append(RUN, [probe_ok(0), run_ended(), probe_ok(1)])
 
     assert caught.value.index == 1
     assert dump_tables(log.database.engine) == before
     # The run did not end: it still takes events.
-    assert log.append(RUN, [ProbeSucceeded(shard=2)]) == [6]
+    assert log.append(RUN, [probe_ok(2)]) == [6]
 
 
 # ── timestamps ───────────────────────────────────────────────────────────────
@@ -270,16 +277,16 @@ def test_run_ended_must_be_the_last_event_of_its_batch(log):
 def test_timestamps_never_go_back_within_a_run_even_when_the_clock_does(ledger_url):
     ticks = iter([5_000_000, 4_000_000, 6_000_000, 1_000_000])
     with EventLog(open_database(ledger_url), clock_us=lambda: next(ticks)) as log:
-        log.append(RUN, [run_started(), ProbeSucceeded(shard=0)])  # clock 5 s
-        log.append(RUN, [ProbeSucceeded(shard=1)])  # clock 4 s: behind the head
-        log.append(RUN, [ProbeSucceeded(shard=2), ProbeSucceeded(shard=0)])  # 6 s
-        log.append(RUN, [ProbeSucceeded(shard=1)])  # 1 s: behind again
+        log.append(RUN, [run_started(), probe_ok(0)])  # clock 5 s
+        log.append(RUN, [probe_ok(1)])  # clock 4 s: behind the head
+        log.append(RUN, [probe_ok(2), probe_ok(0)])  # 6 s
+        log.append(RUN, [probe_ok(1)])  # 1 s: behind again
     with EventLog(open_database(ledger_url), clock_us=lambda: 2_000_000) as log:
         # Another run has its own head: there the clock is taken as it is.
         log.append("other", [run_started()])
         # The rule lives in the stored head, not in one process: this log's clock is
         # far behind what the first log wrote.
-        log.append(RUN, [ProbeSucceeded(shard=2)])
+        log.append(RUN, [probe_ok(2)])
 
         at = [r.at_us for r in log.read(RUN)]
         summaries = {s.run_id: s for s in log.runs()}
@@ -500,8 +507,8 @@ def _check_after_kill(url: str, trial: int, printed: dict[str, int], where: str)
         # A batch is one transaction: stored whole, in consecutive seqs, or not at all.
         batches: dict[str, list[tuple[int, int, int]]] = defaultdict(list)
         for r in recorded[1:]:
-            assert isinstance(r.event, ProbeFailed), where
-            t, b, index, size = r.event.error.split(":")
+            assert isinstance(r.event, ProbeRound) and len(r.event.failed) == 1, where
+            t, b, index, size = r.event.failed[0].error.split(":")
             assert t == f"t{trial}", where
             batches[b].append((r.seq, int(index), int(size)))
         for b, members in batches.items():
@@ -510,7 +517,7 @@ def _check_after_kill(url: str, trial: int, printed: dict[str, int], where: str)
             assert [m[0] for m in members] == list(range(first, first + size)), f"{where}: {b}"
 
         # The killed run goes on where it stopped.
-        assert log.append(run, [ProbeSucceeded(shard=0)]) == [head + 1], where
+        assert log.append(run, [probe_ok(0)]) == [head + 1], where
     return head + 1
 
 
@@ -606,26 +613,24 @@ def test_a_run_id_must_be_printable_and_bounded(log):
 def test_a_run_ended_in_its_first_batch_is_recorded_as_ended(log):
     assert log.append(RUN, [run_started(), RunEnded(outcome="aborted", cause="x")]) == [1, 2]
     with pytest.raises(AppendRejected, match="ended at seq 2"):
-        log.append(RUN, [ProbeSucceeded(shard=0)])
+        log.append(RUN, [probe_ok(0)])
 
 
 def test_a_writer_whose_remembered_head_is_stale_still_appends_gap_free(ledger_url):
     """Each log remembers the head it left; another writer moving it must not matter."""
     with EventLog.open(ledger_url) as first, EventLog.open(ledger_url) as second:
         assert first.append("shared", [run_started(shards=2)]) == [1]
-        assert first.append("shared", [ProbeSucceeded(shard=0)]) == [2]
-        assert second.append(
-            "shared", [ProbeSucceeded(shard=1)] * 1 + [ProbeSucceeded(shard=0)]
-        ) == [
+        assert first.append("shared", [probe_ok(0)]) == [2]
+        assert second.append("shared", [probe_ok(1)] * 1 + [probe_ok(0)]) == [
             3,
             4,
         ]
         # ``first`` remembers head 2; seq 3 is taken, so it must re-read and take 5.
-        assert first.append("shared", [ProbeFailed(shard=1, kind="timeout")]) == [5]
+        assert first.append("shared", [probe_failed(1, "timeout")]) == [5]
         assert second.append("shared", [run_ended()]) == [6]
         before = [(r.seq, r.event.id) for r in first.read("shared")]
         with pytest.raises(AppendRejected, match="ended at seq 6"):
-            first.append("shared", [ProbeSucceeded(shard=0)])
+            first.append("shared", [probe_ok(0)])
         assert [(r.seq, r.event.id) for r in second.read("shared")] == before
 
 
@@ -641,7 +646,7 @@ def test_writer_connections_of_exited_threads_are_returned(sqlite_url):
 
         def append_once(shard: int) -> None:
             try:
-                log.append("threads", [ProbeSucceeded(shard=shard % 2)])
+                log.append("threads", [probe_ok(shard % 2)])
             except BaseException as exc:  # reported below, with the thread's index
                 errors.append(exc)
 

@@ -1,12 +1,14 @@
 """A probe round is one event, and it folds exactly as its per-shard events did.
 
-The same history is written twice through a real SQLite log: once the way older
-ledgers hold it (one ``probe_succeeded`` / ``probe_failed`` / ``actor_death_confirmed``
-per shard, in shard order, in one batch), once the way the ledger records it now (one
-``probe_round``). Read back and folded, the two give the same view after every step —
-states, counters, streaks, epoch, absent generation — once the per-shard log's seqs are
-translated to the round log's (every per-shard event of a round maps to the round's
-seq, which is what evidence cites now).
+The same history is written twice into a real SQLite log: once the way older ledgers
+hold it (one ``probe_succeeded`` / ``probe_failed`` v1 row per shard, and an
+``actor_death_confirmed`` for a death, in shard order — imported whole from an old
+export, rows kept as they were), once the way the ledger records it now (one
+``probe_round`` per round, appended). Read back — the v1 rows through the codec's
+upcasters, each as a one-shard round — and folded, the two give the same view after
+every step: states, counters, streaks, epoch, absent generation, once the per-shard
+log's seqs are translated to the round log's (every per-shard event of a round maps to
+the round's seq, which is what evidence cites now).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fleetledger.controller.ledger import ProbeResult, round_event
 from fleetledger.events.ids import new_event_id
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
+    ActorDeathConfirmed,
     Event,
     FailureCount,
     OutcomeWindowReported,
@@ -41,6 +44,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.projections.fleet_view import FleetView, fold, fold_pages
 from fleetledger.projections.snapshot import to_snapshot
+from tests.legacy_rows import Item, import_old_run, probe_failed_v1, probe_ok_v1, stored_form
 from tests.projection_builders import fleet_config
 
 SHARDS = 4
@@ -112,6 +116,16 @@ def _comparable(view: FleetView, seqs: dict[int, int] | None = None) -> Any:
     return _translated(doc, seqs or {s: s for s in range(1, view.seq + 1)})
 
 
+def per_shard(shard: int, result: ProbeResult) -> Item:
+    """One probe result as an older ledger stored it: its own v1 event (a death: the
+    ``actor_death_confirmed`` that is still current)."""
+    if result.kind == "ok":
+        return probe_ok_v1(shard)
+    if result.kind == "died":
+        return ActorDeathConfirmed(shard=shard, error=result.error)
+    return probe_failed_v1(shard, result.kind, result.error)
+
+
 @pytest.fixture(scope="module")
 def shared_log(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EventLog]:
     path: Path = tmp_path_factory.mktemp("rounds") / "ledger.db"
@@ -128,29 +142,34 @@ def test_per_shard_events_and_rounds_fold_to_the_same_view_after_every_round(
 ) -> None:
     log = shared_log
     name = uuid.uuid4().hex[:12]
-    per_shard, rounds = f"per-shard-{name}", f"rounds-{name}"
+    old_run, rounds = f"per-shard-{name}", f"rounds-{name}"
     config = fleet_config(SHARDS, unhealthy_threshold=2, healthy_threshold=2)
-    log.append(per_shard, [RunStarted(config=config)])
+    old: list[Item] = [RunStarted(config=config)]
     log.append(rounds, [RunStarted(config=config)])
     seqs = {1: 1}  # per-shard seq → round-log seq
     boundaries: list[tuple[int, int]] = []
     for step in steps:
         if isinstance(step, dict):
-            old = [step[shard].as_event(shard) for shard in sorted(step)]
+            these = [per_shard(shard, step[shard]) for shard in sorted(step)]
             new: Event = round_event(step)
         else:  # a fresh id: the strategies hand out one instance many times
             new = step.model_copy(update={"id": new_event_id()})
-            old = [new]
+            these = [new.model_copy(update={"id": new_event_id()})]
         try:
             (new_seq,) = log.append(rounds, [new])
         except Exception:
-            continue  # the log refuses it in both shapes alike (e.g. nothing after the end)
-        for seq in log.append(per_shard, old):
-            seqs[seq] = new_seq
-        boundaries.append((max(seqs), new_seq))
+            continue  # refused in both shapes alike (e.g. nothing after the end)
+        for item in these:
+            old.append(item)
+            seqs[len(old)] = new_seq
+        boundaries.append((len(old), new_seq))
+    import_old_run(log, old_run, old)
+    # Stored as the old ledger held them: per-shard v1 rows, not rewritten as rounds.
+    stored = [row[3:] for page in log.read_stored(old_run) for row in page]
+    assert stored == [stored_form(item) for item in old]
     # Read back from the log, and folded after every step: the same fleet each time.
     for old_seq, new_seq in boundaries:
-        old_view = fold(log.read(per_shard, 0, old_seq))
+        old_view = fold(log.read(old_run, 0, old_seq))
         new_view = fold(log.read(rounds, 0, new_seq))
         assert _comparable(old_view, seqs) == _comparable(new_view), (old_seq, new_seq)
         assert (old_view.epoch, old_view.absent_generation) == (
@@ -158,8 +177,9 @@ def test_per_shard_events_and_rounds_fold_to_the_same_view_after_every_round(
             new_view.absent_generation,
         )
     # The quiet-observation fast path folds both logs to what the plain fold gives.
-    for run in (per_shard, rounds):
+    for run in (old_run, rounds):
         assert fold_pages(log.read_pages(run)) == fold(log.read(run))
+        assert fold_pages(log.read_pages(run, ids=False)) == fold(log.read(run))
 
 
 def test_a_failed_probe_inside_a_round_is_cited_by_the_rounds_seq(shared_log: EventLog) -> None:

@@ -27,10 +27,8 @@ from fleetledger.events.models import (
     FleetExhausted,
     OutcomeWindowReported,
     ProbeDeath,
-    ProbeFailed,
     ProbeFailure,
     ProbeRound,
-    ProbeSucceeded,
     ProgressReported,
     RefitAborted,
     RefitCompleted,
@@ -76,15 +74,6 @@ class ProbeResult:
     @classmethod
     def ok(cls, incarnation: int | None = None) -> ProbeResult:
         return cls("ok", incarnation=incarnation)
-
-    def as_event(self, shard: int) -> Event:
-        """This result as its own event: the per-shard shape older ledgers hold (the
-        ledger records whole rounds, :func:`round_event`)."""
-        if self.kind == "ok":
-            return ProbeSucceeded(shard=shard)
-        if self.kind == "died":
-            return ActorDeathConfirmed(shard=shard, error=self.error)
-        return ProbeFailed(shard=shard, kind=self.kind, error=self.error)
 
 
 def round_event(results: Mapping[int, ProbeResult]) -> ProbeRound:

@@ -1,10 +1,13 @@
 """Encoding events for storage and reading them back, across schema versions.
 
-A stored event keeps the schema version it was written with. On read, an *upcaster*
-lifts the payload one version at a time until it matches the current model. A type
-this code does not know, or a version newer than it reads, is an error naming the run
-and seq — never a silent skip, because a replay that skips an event folds a different
-fleet than the one that ran.
+A stored event keeps the type and schema version it was written with. On read, an
+*upcaster* lifts the payload one version at a time until it matches a current model;
+where the record changed shape, a step changes the type too (version 1 of the probe
+record was one ``probe_succeeded`` / ``probe_failed`` per shard, version 2 is the
+``probe_round``: see :mod:`fleetledger.events.legacy`), so the folds know one shape of
+each fact. A type this code does not know, a version newer than it reads, or a link
+missing from the chain is an error naming the run and seq — never a silent skip,
+because a replay that skips an event folds a different fleet than the one that ran.
 
 Everything read from outside (an import line, a bundle member) goes through
 :func:`load_json`, which refuses what ``json.loads`` would let through and then
@@ -28,13 +31,16 @@ from pydantic import ValidationError
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.errors import EventDecodeError
+from fleetledger.events.legacy import PROBE_V1_UPCASTERS
 from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent, us_from_datetime
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
-# (event type, version it reads) -> function returning the payload at version + 1.
-# Register one whenever a stored type's fields change; never rewrite stored rows.
-UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+# (event type, version it reads) -> function returning the payload at version + 1, of
+# the same type or, where the record changed shape, of the type it became (its output's
+# ``type``). Register one whenever a stored type's fields change; never rewrite stored
+# rows. The v1 per-shard probe events lift to the v2 round (``events.legacy``).
+UPCASTERS: dict[tuple[str, int], Upcaster] = {**PROBE_V1_UPCASTERS}
 
 
 # One row of the events table as read: (seq, at_us, event_id, type, schema_version, payload).
@@ -187,6 +193,12 @@ class EventCodec:
     ) -> None:
         self._types = dict(types)
         self._upcasters = dict(upcasters)
+        # Types only upcasters read (no model of their own), each with the last version
+        # one reads: a row of such a type at a later version is from a newer fleetledger.
+        self._lifted: dict[str, int] = {}
+        for type_, version in self._upcasters:
+            if type_ not in self._types:
+                self._lifted[type_] = max(version, self._lifted.get(type_, version))
         self._templates: dict[
             tuple[str, int, str], tuple[type[Event], dict[str, Any], set[str]]
         ] = {}
@@ -203,22 +215,34 @@ class EventCodec:
         return event.type, cls.SCHEMA_VERSION, cls.__pydantic_serializer__.to_json(event).decode()
 
     def decode(self, run: str, seq: int | None, type_: str, version: int, payload: Any) -> Event:
-        """Decode one stored payload (a JSON string or an already-parsed dict)."""
+        """Decode one stored payload (a JSON string or an already-parsed dict).
+
+        From the row's (type, version), upcasters lift the payload one version at a time
+        — across a change of type where one says so (a v1 ``probe_succeeded`` becomes a
+        v2 ``probe_round``) — until it is a type of ``types`` at its ``SCHEMA_VERSION``.
+        Each failure names run and seq: a type neither known nor lifted, a version newer
+        than this code reads, a missing link in the chain, a payload invalid for the
+        type it is read as.
+        """
         cls = self._types.get(type_)
-        if cls is None:
+        if cls is None and type_ not in self._lifted:
+            older = sorted(self._lifted)
+            also = f" (and reads the older {', '.join(older)})" if older else ""
             raise EventDecodeError(
                 run,
                 seq,
                 f"unknown event type {cut(repr(type_))}; this fleetledger knows "
-                f"{', '.join(sorted(self._types))}. Was it written by a newer version?",
+                f"{', '.join(sorted(self._types))}{also}. Was it written by a newer version?",
             )
-        current = cls.SCHEMA_VERSION
-        if version > current:
+        # A current type reads up to its model's version; a lifted-only one up to the
+        # version its last upcaster reads.
+        readable = cls.SCHEMA_VERSION if cls is not None else self._lifted[type_]
+        if version > readable:
             raise EventDecodeError(
                 run,
                 seq,
                 f"event type {type_!r} has schema version {version}, newer than the "
-                f"{current} this fleetledger reads; upgrade fleetledger to read this run",
+                f"{readable} this fleetledger reads; upgrade fleetledger to read this run",
             )
         if version < 1:
             raise EventDecodeError(run, seq, f"schema version {version} is not valid (>= 1)")
@@ -231,26 +255,42 @@ class EventCodec:
             raise EventDecodeError(run, seq, problem) from None
         if not isinstance(data, dict):
             raise EventDecodeError(run, seq, "payload is not a JSON object")
-        for from_version in range(version, current):
-            upcaster = self._upcasters.get((type_, from_version))
-            if upcaster is None:
-                raise EventDecodeError(
-                    run,
-                    seq,
-                    f"no upcaster lifts {type_!r} from schema version {from_version} "
-                    f"to {from_version + 1}",
-                )
-            data = upcaster(data)
         if data.get("type", type_) != type_:
             raise EventDecodeError(
                 run, seq, f"payload says type {data.get('type')!r} but the row says {type_!r}"
             )
         data["type"] = type_
+        now, at = type_, version  # what the payload is as lifted so far
+        while cls is None or at != cls.SCHEMA_VERSION:
+            upcaster = self._upcasters.get((now, at))
+            if upcaster is None:
+                raise EventDecodeError(
+                    run,
+                    seq,
+                    f"no upcaster lifts {now!r} from schema version {at} to {at + 1}",
+                )
+            try:
+                data = upcaster(data)
+            except ValidationError as exc:  # the upcaster checked what it was given
+                raise EventDecodeError(
+                    run, seq, f"invalid {now!r} event: {describe_validation_error(exc)}"
+                ) from None
+            step = f"{now!r} v{at}"
+            now, at = data.setdefault("type", now), at + 1
+            cls = self._types.get(now)
+            if cls is not None and at > cls.SCHEMA_VERSION:
+                raise EventDecodeError(
+                    run,
+                    seq,
+                    f"the upcaster of {step} made a {now!r} event at schema version {at}, "
+                    f"newer than the {cls.SCHEMA_VERSION} this fleetledger reads",
+                )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
+            lifted = "" if now == type_ else f" (lifted from {type_!r} v{version})"
             raise EventDecodeError(
-                run, seq, f"invalid {type_!r} event: {describe_validation_error(exc)}"
+                run, seq, f"invalid {now!r} event{lifted}: {describe_validation_error(exc)}"
             ) from None
 
     def difference(
@@ -260,19 +300,30 @@ class EventCodec:
 
         Compared as the codec encodes them now: a row stored by an import (its own key
         order and escapes) or at an older schema version holds the same event when its
-        decoded, upcast event encodes to the same payload.
+        decoded, upcast event encodes to the same payload — so a v1 ``probe_succeeded``
+        row holds the one-shard ``probe_round`` it is read as, and resending what was
+        read from an imported old run is a retry, not a conflict.
         """
         fresh = self.encode(event)
         if (type_, version, payload) == fresh:
             return None
-        if type_ != fresh[0]:
-            return f"a {type_!r} event, not {fresh[0]!r}"
-        stored = self.decode(run, seq, type_, version, payload)
+        if type_ == fresh[0]:
+            stored = self.decode(run, seq, type_, version, payload)
+        else:
+            # Another type is still the same event when the row is read as this type (a
+            # lifted old row); one that is read as another, or not at all, is not.
+            try:
+                stored = self.decode(run, seq, type_, version, payload)
+            except EventDecodeError:
+                return f"a {type_!r} event, not {fresh[0]!r}"
+            if stored.type != fresh[0]:
+                return f"a {type_!r} event, not {fresh[0]!r}"
         if self.encode(stored)[2] == fresh[2]:
             return None
         old, new = stored.model_dump(mode="json"), event.model_dump(mode="json")
         fields = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-        return f"a {type_!r} event with other {', '.join(fields) or 'content'}"
+        read_as = "" if stored.type == type_ else f" (read as {stored.type!r})"
+        return f"a {type_!r} event{read_as} with other {', '.join(fields) or 'content'}"
 
     def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
         """Decode a page of rows, validating each distinct payload once.

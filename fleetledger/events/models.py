@@ -5,6 +5,8 @@ Rules of this module:
 - An event is a frozen pydantic model with a literal ``type`` and a class-level
   ``SCHEMA_VERSION``. Changing the fields of a stored type means bumping its version
   and registering an upcaster in :mod:`fleetledger.events.codec`, never editing history.
+  A type the vocabulary no longer uses leaves this module for
+  :mod:`fleetledger.events.legacy`, whose upcasters lift its rows to what replaced it.
 - The event carries its own ``id`` (time-ordered, minted by whoever creates the event),
   so a retried append after an ambiguous failure is recognised and not duplicated.
   The run, the sequence number and the timestamp are *not* fields of the event: the
@@ -136,20 +138,12 @@ class RunEnded(Event):
 # ── what probes saw ────────────────────────────────────────────────────────────
 
 
-class ProbeSucceeded(Event):
-    type: Literal["probe_succeeded"] = "probe_succeeded"
-    shard: ShardIndex
-
-
-class ProbeFailed(Event):
-    type: Literal["probe_failed"] = "probe_failed"
-    shard: ShardIndex
-    kind: Literal["timeout", "error"]
-    error: str = Field(default="", max_length=MAX_TEXT)
-
-
 class ActorDeathConfirmed(Event):
-    """The runtime says the shard's process is gone: conclusive, unlike a timeout."""
+    """The runtime says the shard's process is gone: conclusive, unlike a timeout.
+
+    What the ledger records for a death seen outside a probe (a rollout that met
+    ``ActorDiedError``); a death a probe saw is part of its round (:class:`ProbeDeath`).
+    """
 
     type: Literal["actor_death_confirmed"] = "actor_death_confirmed"
     shard: ShardIndex
@@ -157,7 +151,7 @@ class ActorDeathConfirmed(Event):
 
 
 class ProbeFailure(BaseModel):
-    """One shard's failed probe inside a round: what ``probe_failed`` held."""
+    """One shard's failed probe inside a round: what a v1 ``probe_failed`` event held."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -183,10 +177,14 @@ class ProbeRound(Event):
     healthy 256-shard fleet write 256 rows every interval, each carrying its own id
     and row overhead for a three-field fact. A round is one row: ``ok`` lists the
     shards that answered (ascending), ``failed`` and ``died`` the others. The fold
-    applies the results in shard order at the round's seq, exactly as it applies
-    ``probe_succeeded`` / ``probe_failed`` / ``actor_death_confirmed`` events (the
-    per-shard shape of version 1 of the probe record, still read and folded as
-    before), and evidence cites the round's seq.
+    applies the results in shard order at the round's seq, and evidence cites the
+    round's seq.
+
+    Version 1 of the probe record was one event per shard (``probe_succeeded``,
+    ``probe_failed``); older ledgers still hold such rows, and the codec's upcasters
+    (:mod:`fleetledger.events.legacy`) read each as the one-shard round it means, so
+    it folds at its own seq exactly as it always did and the fold has one way to take
+    a probe result.
     """
 
     SCHEMA_VERSION: ClassVar[int] = 2
@@ -407,8 +405,6 @@ class FleetExhausted(Event):
 AnyEvent = Annotated[
     RunStarted
     | RunEnded
-    | ProbeSucceeded
-    | ProbeFailed
     | ActorDeathConfirmed
     | ProbeRound
     | OutcomeWindowReported
@@ -433,8 +429,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         RunStarted,
         RunEnded,
-        ProbeSucceeded,
-        ProbeFailed,
         ActorDeathConfirmed,
         ProbeRound,
         OutcomeWindowReported,

@@ -17,13 +17,16 @@ Within an adapter's outcome window every success is applied before any failure: 
 healthy shard with rare blips would otherwise be condemned eventually.
 
 A probe round (``probe_round``) is one event holding every probed shard's result; it
-folds as the per-shard probe events older ledgers hold (``probe_succeeded``,
-``probe_failed``, ``actor_death_confirmed``) fold, one result at a time in shard order
-at the round's seq, and both numbers move once per *result* that changes their set —
-so the two shapes of the same history fold to the same view (a property test pins it).
+folds one result at a time in shard order at the round's seq, and both numbers move
+once per *result* that changes their set. That is how the per-shard probe events of
+older ledgers (v1 ``probe_succeeded`` / ``probe_failed``) folded, and the codec reads
+each of those as a one-shard round at its own seq, so this file has one way to take a
+probe result and the two shapes of the same history fold to the same view (a property
+test pins it). ``actor_death_confirmed`` is a death seen outside a probe round.
 
 ``apply_page`` is the replay's way in: the quiet observations that are most of a long
-run (successful probes of HEALTHY shards) are taken there without a handler call.
+run (successful probes of HEALTHY shards, one shard's or a whole round's) are taken
+there without a handler call.
 """
 
 from __future__ import annotations
@@ -40,9 +43,7 @@ from fleetledger.events.models import (
     FleetConfig,
     FleetExhausted,
     OutcomeWindowReported,
-    ProbeFailed,
     ProbeRound,
-    ProbeSucceeded,
     ProgressReported,
     RecordedEvent,
     RefitAborted,
@@ -252,8 +253,10 @@ class FleetView:
         """Fold a page of events; yields every event but the quiet observations, with the
         state changes it caused and the epoch before it.
 
-        A quiet observation is the bulk of a long run: a successful probe (alone, or a
-        round of nothing but successes) of HEALTHY shards. Its row of ``RULES`` is one
+        A quiet observation is the bulk of a long run: a round of nothing but successful
+        probes of HEALTHY shards (a whole fleet's, or one shard's: every ``probe_succeeded``
+        row of an older ledger reads as one, and such ledgers hold millions, so that case
+        is written out inline). Its row of ``RULES`` is one
         unconditional "stay", so it is taken here without a handler, a Signal or a
         transition list; anything else goes through :meth:`apply`. The view is the same
         either way (a property test pins it); only what it costs differs.
@@ -269,20 +272,20 @@ class FleetView:
             for recorded in page:
                 recorded_run, seq, at_us, event = recorded
                 if seq == last_seq + 1 and recorded_run == run:
-                    kind = type(event)
-                    if kind is ProbeSucceeded:
-                        shard = event.shard  # type: ignore[attr-defined]
-                        if shard < count:
-                            r = shards[shard]
-                            if r.state is healthy:  # healthy_probe_ok inlined: most of a run
-                                r.probe_failures = 0
-                                r.probe_evidence = ()
-                                r.probe_successes += 1
-                                r.last_ok_at_us = at_us
-                                last_seq, last_at = seq, at_us
-                                continue
-                    elif kind is ProbeRound and not event.failed and not event.died:  # type: ignore[attr-defined]
-                        if all_healthy_probes_ok(shards, event.ok, at_us):  # type: ignore[attr-defined]
+                    if type(event) is ProbeRound and not (event.failed or event.died):
+                        ok = event.ok
+                        if len(ok) == 1:  # one shard's probe (every v1 row): inlined
+                            shard = ok[0]
+                            if shard < count:
+                                r = shards[shard]
+                                if r.state is healthy:  # healthy_probe_ok, inlined
+                                    r.probe_failures = 0
+                                    r.probe_evidence = ()
+                                    r.probe_successes += 1
+                                    r.last_ok_at_us = at_us
+                                    last_seq, last_at = seq, at_us
+                                    continue
+                        elif all_healthy_probes_ok(shards, ok, at_us):
                             last_seq, last_at = seq, at_us
                             continue
                 self.seq, self.at_us = last_seq, last_at
@@ -312,15 +315,6 @@ class FleetView:
 
     def _on_run_started(self, e: Event, seq: int, at: int) -> list[Transition]:
         raise ProjectionError(f"run {self.run!r} seq {seq}: the run has already started")
-
-    def _on_probe_ok(self, e: ProbeSucceeded, seq: int, at: int) -> list[Transition]:
-        if e.shard < len(self.shards) and healthy_probe_ok(self.shards[e.shard], at):
-            return []
-        return self._signal(e.shard, Signal(Input.PROBE_OK, seq, at))
-
-    def _on_probe_failed(self, e: ProbeFailed, seq: int, at: int) -> list[Transition]:
-        text = f"{e.kind}: {e.error}" if e.error else e.kind
-        return self._signal(e.shard, Signal(Input.PROBE_FAILED, seq, at, text=text))
 
     def _on_actor_death(self, e: ActorDeathConfirmed, seq: int, at: int) -> list[Transition]:
         return self._signal(e.shard, Signal(Input.ACTOR_DIED, seq, at, text=e.error))
@@ -445,8 +439,6 @@ class FleetView:
 
 _HANDLERS: dict[type[Event], Callable[[FleetView, Event, int, int], list[Transition]]] = {
     RunStarted: FleetView._on_run_started,
-    ProbeSucceeded: FleetView._on_probe_ok,
-    ProbeFailed: FleetView._on_probe_failed,
     ActorDeathConfirmed: FleetView._on_actor_death,
     ProbeRound: FleetView._on_probe_round,
     OutcomeWindowReported: FleetView._on_outcomes,

@@ -10,8 +10,8 @@ Rules of this file:
 
 - What an event adds to the history is data: ``ENTRY_BUILDERS`` maps every event type
   to the method that builds its entries, and a test holds it to the event vocabulary
-  (no type missing, none extra). Observations — probes, adapter windows, actor deaths,
-  progress, ``run_started`` — map to ``_no_entry_of_its_own``: they enter the history
+  (no type missing, none extra). Observations — probe rounds, adapter windows, actor
+  deaths, progress, ``run_started`` — map to ``_no_entry_of_its_own``: they enter the history
   only through the transitions they cause, so a million healthy probes are not history.
 - Entries of one event come in causal order: the event's own entry (a restart, a
   decision, a stall) first, then the transitions it caused, then what closes (a refit,
@@ -33,9 +33,7 @@ from fleetledger.events.models import (
     Event,
     FleetExhausted,
     OutcomeWindowReported,
-    ProbeFailed,
     ProbeRound,
-    ProbeSucceeded,
     ProgressReported,
     RecordedEvent,
     RefitAborted,
@@ -414,8 +412,6 @@ _OBSERVED: EntryBuilder = History._no_entry_of_its_own
 # Event type → the method that says what the event adds to the history.
 ENTRY_BUILDERS: dict[type[Event], EntryBuilder] = {
     RunStarted: _OBSERVED,  # the fold refuses a second one; the first is ``History.start``
-    ProbeSucceeded: _OBSERVED,
-    ProbeFailed: _OBSERVED,
     ActorDeathConfirmed: _OBSERVED,
     ProbeRound: _OBSERVED,
     OutcomeWindowReported: _OBSERVED,

@@ -22,7 +22,6 @@ from fleetledger.events.models import (
     Event,
     OutcomeWindowReported,
     ProbeDeath,
-    ProbeFailed,
     ProbeFailure,
     ProbeRound,
     RecordedEvent,
@@ -122,7 +121,7 @@ def _probe_failed(w: Why) -> list[str]:
         event = w.event(seq)
         if isinstance(event, ProbeRound):  # the shard's failure inside the round
             event = event.result_of(w.shard)
-        if isinstance(event, ProbeFailed | ProbeFailure):
+        if isinstance(event, ProbeFailure):
             kind = f"{event.kind}: {event.error}" if event.error else event.kind
             if kind not in kinds:
                 kinds.append(kind)

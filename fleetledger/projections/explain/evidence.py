@@ -23,10 +23,8 @@ from typing import ClassVar
 
 from fleetledger.events.models import (
     OutcomeWindowReported,
-    ProbeFailed,
     ProbeFailure,
     ProbeRound,
-    ProbeSucceeded,
     RecordedEvent,
     iso_at,
     shard_outside,
@@ -104,11 +102,7 @@ def tally_span(
         if not first_seq <= recorded.seq <= last_seq:
             continue
         event = recorded.event
-        if isinstance(event, ProbeSucceeded) and event.shard == shard:
-            ok += 1
-        elif isinstance(event, ProbeFailed) and event.shard == shard:
-            failed += 1
-        elif isinstance(event, ProbeRound):
+        if isinstance(event, ProbeRound):
             result = event.result_of(shard)
             if result == "ok":
                 ok += 1
@@ -146,18 +140,15 @@ class ProbeTallies:
     def watch(self, events: Iterable[RecordedEvent]) -> Iterator[RecordedEvent]:
         """Yield ``events`` unchanged, counting probes on the way."""
         ok, failed, at, pending = self._ok, self._failed, self._at, self._pending
-        # A filter over the whole run, not a dispatch: three probe types and one window
-        # type matter, everything else passes untouched at the cost of four checks.
+        # A filter over the whole run, not a dispatch: the probe round and the window
+        # matter, everything else passes untouched at the cost of two checks.
         for recorded in events:
             event = recorded.event
             if isinstance(event, ProbeRound):
-                pending[event.ok] += 1
+                if event.ok:
+                    pending[event.ok] += 1
                 for failure in event.failed:
                     failed[failure.shard] = failed.get(failure.shard, 0) + 1
-            elif isinstance(event, ProbeSucceeded):
-                ok[event.shard] = ok.get(event.shard, 0) + 1
-            elif isinstance(event, ProbeFailed):
-                failed[event.shard] = failed.get(event.shard, 0) + 1
             elif isinstance(event, OutcomeWindowReported) and any(
                 o.infra_failures for o in event.outcomes
             ):

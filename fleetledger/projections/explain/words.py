@@ -23,10 +23,8 @@ from fleetledger.events.models import (
     FleetExhausted,
     OutcomeWindowReported,
     ProbeDeath,
-    ProbeFailed,
     ProbeFailure,
     ProbeRound,
-    ProbeSucceeded,
     ProgressReported,
     RefitAborted,
     RefitCompleted,
@@ -87,30 +85,27 @@ def infra_failures_of(event: OutcomeWindowReported, shard: int) -> list[FailureC
 # ── what one event says (``shard``: whose part of an adapter window) ─────────────
 
 
-def _probe_succeeded(e: ProbeSucceeded, shard: int | None) -> str:
-    return f"probe of shard {e.shard} answered"
-
-
-def _probe_failed(e: ProbeFailed, shard: int | None) -> str:
-    detail = f": {e.error}" if e.error else ""
-    return f"probe of shard {e.shard} failed ({e.kind}{detail})"
-
-
 def _actor_death(e: ActorDeathConfirmed, shard: int | None) -> str:
     return f"actor death of shard {e.shard} confirmed by the runtime: " + (e.error or "no detail")
 
 
 def _probe_round(e: ProbeRound, shard: int | None) -> str:
-    """About one shard: what its own probe event said; about the round: the counts."""
-    if shard is not None:
-        result = e.result_of(shard)
+    """About one shard: what its own probe event said; about the round: the counts.
+
+    A round of one shard (what a v1 ``probe_succeeded`` / ``probe_failed`` row reads as)
+    is about that shard whoever asks, so an old ledger's evidence reads as it always did.
+    """
+    named = e.shards_named()
+    about = shard if shard in named else (named[0] if len(named) == 1 else None)
+    if about is not None:
+        result = e.result_of(about)
         if result == "ok":
-            return f"probe of shard {shard} answered"
+            return f"probe of shard {about} answered"
         if isinstance(result, ProbeFailure):
             detail = f": {result.error}" if result.error else ""
-            return f"probe of shard {shard} failed ({result.kind}{detail})"
+            return f"probe of shard {about} failed ({result.kind}{detail})"
         if isinstance(result, ProbeDeath):
-            return f"actor death of shard {shard} confirmed by the runtime: " + (
+            return f"actor death of shard {about} confirmed by the runtime: " + (
                 result.error or "no detail"
             )
     parts = [f"{len(e.ok)} answered"]
@@ -216,8 +211,6 @@ def _run_started(e: RunStarted, shard: int | None) -> str:
 EVENT_WORDS: dict[type[Event], Callable[[Any, int | None], str]] = {
     RunStarted: _run_started,
     RunEnded: _run_ended,
-    ProbeSucceeded: _probe_succeeded,
-    ProbeFailed: _probe_failed,
     ActorDeathConfirmed: _actor_death,
     ProbeRound: _probe_round,
     OutcomeWindowReported: _outcomes,
