@@ -22,7 +22,7 @@ from fleetledger import __version__
 from fleetledger.cli.output import say
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.db_urls import DB_URL_ENV
-from fleetledger.logs import configure_logging
+from fleetledger.logs import defer_logging
 
 if TYPE_CHECKING:
     from fleetledger.events.database import OpenMode
@@ -128,13 +128,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _configure_logging() -> None:
     # Transitions are logged at info; the CLI shows them only with FLEETLEDGER_LOG=info
     # (FLEETLEDGER_LOG_FORMAT=json for JSON lines). A bad value is said, then ignored:
-    # a logging typo must not stop a forensics command at 3 a.m.
+    # a logging typo must not stop a forensics command at 3 a.m. The settings are checked
+    # here, for every command; structlog is loaded and configured only if something logs
+    # (fleetledger.logs: a read command that logs nothing does not pay for it).
     level = os.environ.get("FLEETLEDGER_LOG", "warning")
     fmt = os.environ.get("FLEETLEDGER_LOG_FORMAT", "console")
     try:
-        configure_logging(level, fmt)  # type: ignore[arg-type]
+        defer_logging(level, fmt)
     except ValueError as exc:
-        configure_logging()
+        defer_logging()
         say(f"fleetledger: warning: {exc}; logging at warning level to the console", err=True)
 
 

@@ -18,6 +18,7 @@ import typer
 from fleetledger.cli.app import DbOption, app, cli_errors
 from fleetledger.cli.output import CommandLineError, say
 from fleetledger.events.db_urls import resolve_db_url
+from fleetledger.logs import structlog_ready
 
 
 @app.command()
@@ -40,6 +41,7 @@ def router(
     Prints the URL once listening; runs until SIGTERM or SIGINT, then hands the last
     window of outcomes to the ledger and exits 0. Refuses an unknown or ended run.
     """
+    structlog_ready()  # the router logs through structlog itself: configured before it loads
     try:
         from fleetledger.controller.router import Router
     except ImportError as exc:

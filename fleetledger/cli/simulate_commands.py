@@ -7,13 +7,12 @@ import sys
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.ledger_commands import membership
 from fleetledger.cli.output import CommandLineError, say, write_json_lines
 from fleetledger.cli.replay_commands import replay
-from fleetledger.logs import configure_logging
+from fleetledger.logs import configure_logging, structlog_ready
 
 
 @app.command()
@@ -118,6 +117,11 @@ def simulate(
     run's router with --router), a refit follows every step, the controller probes and
     watches; then the run's membership and replay are printed.
     """
+    # Imported when the command runs, not when the CLI starts (pydantic, Ray, torch): the
+    # controller and the engines log through structlog itself, configured before they load.
+    structlog_ready()
+    from pydantic import ValidationError
+
     try:
         from fleetledger.controller.ray_fleet import ShardSpawnError
         from fleetledger.engines.models import ModelError, resolve_model

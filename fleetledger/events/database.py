@@ -53,7 +53,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-import structlog
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
@@ -90,11 +89,12 @@ from fleetledger.events.sqlite_file import (
     sqlite_path,
     use_wal,
 )
+from fleetledger.logs import get_logger
 
 OpenMode = Literal["read", "write"]
 
 
-_log = structlog.get_logger("fleetledger.database")
+_log = get_logger("fleetledger.database")  # structlog is loaded on the first warning
 
 
 @dataclass

@@ -7,14 +7,13 @@ a warning and the fold starts from seq 1, so the answer is always ``fold(log[:se
 
 from __future__ import annotations
 
-import structlog
-
 from fleetledger.events.log import EventLog
 from fleetledger.events.records import RunHead
+from fleetledger.logs import get_logger
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold_pages
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot
 
-_log = structlog.get_logger("fleetledger.queries")
+_log = get_logger("fleetledger.queries")  # structlog is loaded on the first warning
 
 
 def load_view(
