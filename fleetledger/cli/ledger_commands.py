@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Column, Table
 
 from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
 from fleetledger.cli.output import (
@@ -25,6 +24,7 @@ from fleetledger.cli.output import (
     write_json_lines,
 )
 from fleetledger.events.errors import AppendRejected
+from fleetledger.logs import structlog_ready
 
 if TYPE_CHECKING:
     from fleetledger.events.log import EventLog
@@ -61,6 +61,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     if not summaries:
         say("no runs in this ledger")
         return
+    from rich.table import Column, Table  # a table is printed: only then is rich loaded
+
     # The run id is what every other command takes: never let the table cut it short.
     widest = max(safe_text(s.run_id).cell_len for s in summaries)  # cells, not characters
     run_column = Column("run", no_wrap=True, min_width=widest)
@@ -81,6 +83,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
 
 
 def render_membership(view: FleetView) -> None:
+    from rich.table import Table  # a table is printed: only then is rich loaded (not --json)
+
     from fleetledger.projections.membership import membership_document
 
     doc = membership_document(view)
@@ -294,6 +298,8 @@ def import_(
 def demo(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Write a scripted run into the ledger and print the membership after each step."""
     # The one writing command here: the read commands beside it never load the controller.
+    # It logs through structlog itself (transitions at info): configured before it loads.
+    structlog_ready()
     from fleetledger.controller.demo import new_demo_run_id, run_demo
     from fleetledger.projections.membership import membership_document
 

@@ -24,7 +24,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -33,28 +32,24 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-from rich.text import Text
 
 from fleetledger.errors import FleetledgerError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+    from rich.text import Text
+
     from fleetledger.events.database import Database
+
+# rich is imported where text is printed (a message, a table, a progress bar), not when
+# the CLI starts: ``--json``, ``--version`` and ``--help`` never load it.
 
 # A fold shorter than this shows no progress bar: it would only flicker.
 PROGRESS_DELAY_S = 1.0
 # Off a terminal (a pipe, a file) lines are not wrapped: one entry, one line, for grep.
 UNWRAPPED_WIDTH = 100_000
-
-out = Console(highlight=False, soft_wrap=True)
 
 
 class CommandLineError(FleetledgerError):
@@ -107,8 +102,6 @@ _TERMINAL_CONTROLS = re.compile(
 )
 _NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-err_out = Console(stderr=True, highlight=False, soft_wrap=True)
-
 
 def _visible_escape(match: re.Match[str]) -> str:
     char = match.group()
@@ -133,6 +126,8 @@ def terminal_safe(text: str, *, keep_newlines: bool = False) -> str:
 
 def safe_text(value: object, style: str = "", *, keep_newlines: bool = False) -> Text:
     """Data as rich ``Text`` (a table cell, a line): never markup, controls escaped."""
+    from rich.text import Text
+
     return Text(terminal_safe(str(value), keep_newlines=keep_newlines), style=style)
 
 
@@ -154,10 +149,12 @@ def say(
 
     A ``Table`` is printed as it is: its rows went in through :func:`data_row`.
     """
-    if file is not None:
-        console = Console(file=file, highlight=False, soft_wrap=True)
-    else:
-        console = err_out if err else out
+    from rich.console import Console
+    from rich.table import Table
+
+    # A console on the stream as it is now (stdout, stderr or ``file``): a runner that
+    # swaps sys.stdout gets the text, as it would from print().
+    console = Console(file=file, stderr=err, highlight=False, soft_wrap=True)
     if isinstance(message, Table):
         console.print(message)
     else:
@@ -166,6 +163,8 @@ def say(
 
 def stdout_console() -> Console:
     """A console on the current stdout: wraps to a terminal, never wraps into a pipe."""
+    from rich.console import Console
+
     stream = sys.stdout
     terminal = stream.isatty()
     return Console(
@@ -283,6 +282,8 @@ def whole_file(target: Path, protect: Mapping[Path, str] | None = None) -> Itera
       is untouched. A write error is re-raised as :class:`OutputFileError` naming the
       target (an ``OSError`` from ``write`` carries no file name).
     """
+    import tempfile  # only a command that writes a file needs it
+
     check_output(target, protect)
     try:
         fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
@@ -329,21 +330,39 @@ class FoldProgress:
     """A transient progress bar on stderr for a fold long enough to wonder about.
 
     It appears only once ``delay_s`` has passed, and only when stderr is a terminal: a
-    pipe or a log file gets no bar, and stdout never does (it carries the answer).
+    pipe or a log file gets no bar, and stdout never does (it carries the answer). rich
+    is loaded only once the delay has passed: a short fold never imports it.
     """
 
     def __init__(self, label: str, *, delay_s: float | None = None) -> None:
         self.label = label
         self.delay_s = PROGRESS_DELAY_S if delay_s is None else delay_s
-        self.console = Console(stderr=True)
+        self._console: Console | None = None
         self._began = time.monotonic()
         self._progress: Progress | None = None
         self._task: int | None = None
 
+    @property
+    def console(self) -> Console:
+        """The console the bar would be drawn on: stderr's."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True)
+        return self._console
+
     def update(self, done: int, total: int) -> None:
         if self._progress is None:
-            if not self.console.is_terminal or time.monotonic() - self._began < self.delay_s:
+            if time.monotonic() - self._began < self.delay_s or not self.console.is_terminal:
                 return
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             self._progress = Progress(
                 TextColumn("{task.description}", markup=False),  # run ids are not markup
                 BarColumn(),

@@ -68,8 +68,6 @@ def replay(
 ) -> None:
     """The run's history: transitions with rule and evidence, epochs and rank layouts,
     refits, restarts, decisions, stalls and the end."""
-    from fleetledger.cli.entry_table import EntryTable
-    from fleetledger.events.models import datetime_from_us
     from fleetledger.projections.history import EndEntry
     from fleetledger.queries import RunReader
 
@@ -96,6 +94,10 @@ def replay(
             write_json_lines(e.as_json() for e in entries)
             sys.stdout.flush()
             return
+        # The table's code (and rich) only for a table: --json stops above.
+        from fleetledger.cli.entry_table import EntryTable
+        from fleetledger.events.models import datetime_from_us
+
         console = stdout_console()
         if not entries:
             console.print(safe_text(f"run {run}: no history entries in this range"))
