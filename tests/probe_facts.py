@@ -1,9 +1,10 @@
 """What a run's log says about each shard's probes and deaths, whatever their shape.
 
-Probe results are recorded as one ``probe_round`` per round (schema version 2); older
-logs hold one ``probe_succeeded`` / ``probe_failed`` / ``actor_death_confirmed`` event
-per shard. Tests that ask "which probe results, and which deaths, were recorded" read
-them through :func:`shard_facts`, so they pin the facts, not the event shape.
+Probe results are recorded as one ``probe_round`` per round (schema version 2); a death
+seen outside a probe is an ``actor_death_confirmed``. (Older logs' per-shard v1 probe
+rows are read as one-shard rounds, so they come out here the same way.) Tests that ask
+"which probe results, and which deaths, were recorded" read them through
+:func:`shard_facts`, so they pin the facts, not the event shape.
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ def shard_facts(records: Iterable[RecordedEvent]) -> list[ShardFact]:
                 ShardFact(r.seq, f.shard, "failed", f.error, event.type) for f in event.failed
             ]
             facts += [ShardFact(r.seq, d.shard, "died", d.error, event.type) for d in event.died]
-        elif event.type == "probe_succeeded":
-            facts.append(ShardFact(r.seq, event.shard, "ok", "", event.type))
-        elif event.type == "probe_failed":
-            facts.append(ShardFact(r.seq, event.shard, "failed", event.error, event.type))
         elif event.type == "actor_death_confirmed":
             facts.append(ShardFact(r.seq, event.shard, "died", event.error, event.type))
         elif isinstance(getattr(event, "shard", None), int):

@@ -35,8 +35,8 @@ from sqlalchemy.exc import DBAPIError
 from fleetledger.events.database import open_database
 from fleetledger.events.errors import LedgerWriteError
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import ProbeSucceeded
 from fleetledger.events.revisions import head_revision
+from tests.builders import probe_ok
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import _build, assert_cli_error, dump, file_bytes
 from tests.test_migrations import _build_at_0001
@@ -185,7 +185,7 @@ def test_a_read_open_of_sqlite_cannot_write_and_leaves_nothing_beside_the_file(
             with pytest.raises(DBAPIError, match="readonly database"):
                 conn.execute(text("DELETE FROM fleetledger_events"))
         with pytest.raises(LedgerWriteError, match=r"write failed \(the ledger is read-only\)"):
-            EventLog(database).append("r1", [ProbeSucceeded(shard=0)])
+            EventLog(database).append("r1", [probe_ok(0)])
     finally:
         database.dispose()
 
@@ -206,7 +206,7 @@ def test_a_read_open_of_postgres_runs_read_only_transactions(migrated_postgres_u
             with pytest.raises(DBAPIError, match="read-only transaction"):
                 conn.execute(text("DELETE FROM fleetledger_events"))
         with pytest.raises(LedgerWriteError, match=r"\(the ledger is read-only\)") as info:
-            log.append("r1", [ProbeSucceeded(shard=0)])
+            log.append("r1", [probe_ok(0)])
         assert "nothing was written" in str(info.value)
 
     assert dump(migrated_postgres_url) == rows
@@ -264,7 +264,7 @@ def test_an_append_through_a_read_only_url_is_refused_and_writes_nothing(tmp_pat
         with EventLog.open(f"sqlite:///{path}?mode=ro") as log:
             assert log.runs()  # reads work
             with pytest.raises(LedgerWriteError, match="the ledger is read-only") as info:
-                log.append("r1", [ProbeSucceeded(shard=0)])
+                log.append("r1", [probe_ok(0)])
 
     assert "opened read-only, nothing was written" in str(info.value)
     assert dump(f"sqlite:///{path}") == rows
@@ -375,7 +375,7 @@ def test_a_ledger_on_a_read_only_mount_is_read_at_rest_and_while_its_writer_is_l
     # A writer on the writable side keeps its -wal and -shm: the new events are only in
     # the WAL, and a reader on the mount must see them through the writer's index.
     with EventLog.open(f"sqlite:///{source / 'ledger.db'}") as writer:
-        writer.append("r1", [ProbeSucceeded(shard=0)])
+        writer.append("r1", [probe_ok(0)])
         assert Path(f"{source / 'ledger.db'}-shm").exists()
         live = {r["run"]: r["events"] for r in _json_runs(mounted)}
 
@@ -669,7 +669,7 @@ def test_an_append_behind_a_frozen_writer_costs_the_default_lock_timeout(
 
     with EventLog.open(with_password(migrated_postgres_url)) as log:
         with pytest.raises(LedgerWriteError, match="lock_timeout") as info:
-            log.append("r1", [ProbeSucceeded(shard=0)])
+            log.append("r1", [probe_ok(0)])
 
     assert PASSWORD not in str(info.value)
     frozen.release()

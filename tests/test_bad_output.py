@@ -33,7 +33,8 @@ import pytest
 from fleetledger.cli.output import OutputFileError, whole_file
 from fleetledger.events.errors import UnknownRun
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import FleetConfig, ProbeFailed, RunStarted
+from fleetledger.events.models import FleetConfig, RunStarted
+from tests.builders import probe_failed
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import R1_HEAD, _build, assert_cli_error, dump, raw_sql
 
@@ -386,7 +387,7 @@ def test_export_piped_into_head_ends_quietly(tmp_path: Path) -> None:
         # Far more than a pipe and stdout's buffer hold (~250 bytes a line, 3000 lines).
         log.append(
             "big",
-            [ProbeFailed(shard=0, kind="error", error=secrets.token_hex(64)) for _ in range(3000)],
+            [probe_failed(0, "error", secrets.token_hex(64)) for _ in range(3000)],
         )
     exporter = subprocess.Popen(
         [str(CONSOLE_SCRIPT), "export", "big", "--db", url],

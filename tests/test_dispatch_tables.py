@@ -89,8 +89,6 @@ def test_observations_are_the_events_with_no_history_entry_of_their_own() -> Non
     }
     assert observed == {
         "RunStarted",
-        "ProbeSucceeded",
-        "ProbeFailed",
         "ActorDeathConfirmed",
         "ProbeRound",
         "OutcomeWindowReported",

@@ -32,8 +32,9 @@ from fleetledger.events.models import (
     FleetConfig,
     FleetExhausted,
     OutcomeWindowReported,
-    ProbeFailed,
-    ProbeSucceeded,
+    ProbeDeath,
+    ProbeFailure,
+    ProbeRound,
     ProgressReported,
     RecordedEvent,
     RefitAborted,
@@ -87,8 +88,7 @@ MAX_EVENTS = 80
 
 # Which inputs each event kind may turn into (anything else in a transition is a bug).
 INPUTS_OF: dict[type[Event], set[Input]] = {
-    ProbeSucceeded: {Input.PROBE_OK},
-    ProbeFailed: {Input.PROBE_FAILED},
+    ProbeRound: {Input.PROBE_OK, Input.PROBE_FAILED, Input.ACTOR_DIED},
     ActorDeathConfirmed: {Input.ACTOR_DIED},
     OutcomeWindowReported: {Input.REPORTED_SUCCESS, Input.REPORTED_FAILURE},
     RefitCompleted: {Input.REFIT_COMPLETED},
@@ -150,12 +150,34 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
         st.integers(0, shard_count - 1), unique=True, min_size=1, max_size=shard_count
     ).flatmap(lambda shards: st.tuples(*(_outcome(s) for s in shards)))
     reason = st.sampled_from(["lone suspect", "operator", "budget"])
-    probe_ok = st.builds(ProbeSucceeded, shard=shard)
-    probe_failed = st.builds(
-        ProbeFailed,
+    failure = st.builds(
+        ProbeFailure,
         shard=shard,
         kind=st.sampled_from(["timeout", "error"]),
         error=st.sampled_from(["", "connection refused"]),
+    )
+    # One shard's probe (what the pump records when it probes one, and what every v1
+    # per-shard row reads as), and whole rounds of several results.
+    probe_ok = st.builds(lambda s: ProbeRound(ok=(s,)), shard)
+    probe_failed = st.builds(lambda f: ProbeRound(failed=(f,)), failure)
+    results = st.dictionaries(
+        shard,
+        st.sampled_from(["ok", "ok", "timeout", "error", "died"]),
+        min_size=1,
+        max_size=shard_count,
+    )
+    probe_round = results.map(
+        lambda r: ProbeRound(
+            ok=tuple(s for s in sorted(r) if r[s] == "ok"),
+            failed=tuple(
+                ProbeFailure(shard=s, kind=r[s], error="HTTP 503")  # type: ignore[arg-type]
+                for s in sorted(r)
+                if r[s] in ("timeout", "error")
+            ),
+            died=tuple(
+                ProbeDeath(shard=s, error="ActorDiedError") for s in sorted(r) if r[s] == "died"
+            ),
+        )
     )
     window = st.builds(
         OutcomeWindowReported, adapter=st.sampled_from(["a0", "a1"]), outcomes=windows
@@ -204,6 +226,7 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
     kinds = [
         *[probe_ok] * 5,
         *[probe_failed] * 5,
+        *[probe_round] * 3,
         *[window] * 4,
         *[refit_completed] * 3,
         *[restart_requested] * 2,
@@ -309,8 +332,12 @@ def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -
         if states_before[i] is RT:
             assert view.shards[i] == before.shards[i], (i, rec.event)
 
-    # The epoch moves by exactly one when, and only when, the serving set changes.
-    if frozenset(serving) != frozenset(before.serving):
+    # The epoch moves by exactly one when, and only when, the serving set changes; a
+    # probe round once per result that changes it (as when each result was an event).
+    if isinstance(rec.event, ProbeRound):
+        crossings = sum((t.before in SERVING) != (t.after in SERVING) for t in ts)
+        assert view.epoch == before.epoch + crossings
+    elif frozenset(serving) != frozenset(before.serving):
         assert view.epoch == before.epoch + 1
     else:
         assert view.epoch == before.epoch
@@ -318,7 +345,10 @@ def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -
     # The absent generation likewise, for the absent set (the rank layout): the integer
     # the transports compare. Neither implies the other (re-admission moves only this).
     assert view.last_absent == frozenset(absent)
-    if frozenset(absent) != frozenset(before.absent):
+    if isinstance(rec.event, ProbeRound):
+        crossings = sum((t.before in ABSENT) != (t.after in ABSENT) for t in ts)
+        assert view.absent_generation == before.absent_generation + crossings
+    elif frozenset(absent) != frozenset(before.absent):
         assert view.absent_generation == before.absent_generation + 1
     else:
         assert view.absent_generation == before.absent_generation
@@ -482,7 +512,9 @@ def test_an_empty_sequence_cannot_be_folded():
 
 
 def test_a_second_run_started_is_refused_and_leaves_the_view_unchanged():
-    records = record_run(fleet_config(2), [ProbeFailed(shard=0, kind="timeout")])
+    records = record_run(
+        fleet_config(2), [ProbeRound(failed=(ProbeFailure(shard=0, kind="timeout"),))]
+    )
     view = fold(records)
     before = copy.deepcopy(view)
     again = recorded(3, RunStarted(config=fleet_config(2)))
@@ -492,7 +524,7 @@ def test_a_second_run_started_is_refused_and_leaves_the_view_unchanged():
     # the next event (seq 4) folds as if nothing were wrong.
     assert view == before
     with pytest.raises(ProjectionError):
-        view.apply(recorded(4, ProbeSucceeded(shard=0)))
+        view.apply(recorded(4, ProbeRound(ok=(0,))))
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fleetledger.controller.ledger import ProbeResult, round_event
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import ProbeSucceeded, RunStarted
+from fleetledger.events.models import RunStarted
 from fleetledger.events.schema import snapshots
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.snapshot import (
@@ -22,7 +23,9 @@ from fleetledger.projections.snapshot import (
     from_snapshot,
     to_snapshot,
 )
+from tests.builders import probe_ok
 from tests.cli_support import invoke
+from tests.legacy_rows import export_lines, probe_ok_v1
 from tests.projection_builders import fleet_config, record_run
 
 
@@ -37,7 +40,7 @@ def _stored_snapshot_seqs(log: EventLog, run: str) -> list[int]:
 def test_snapshots_fall_where_events_or_probe_results_reach_the_cadence() -> None:
     timeout = ProbeResult("timeout", "slow")
     rounds = [round_event({0: ProbeResult.ok(), 1: timeout, 2: ProbeResult.ok()})] * 4
-    singles = [ProbeSucceeded(shard=0)] * 5
+    singles = [probe_ok(0)] * 5
     records = record_run(fleet_config(3), [*singles, *rounds, *singles])
     taken: list[tuple[int, str]] = []
     pages = [records[:4], records[4:9], records[9:]]
@@ -57,9 +60,27 @@ def test_an_imported_run_is_snapshotted_like_a_live_one(sqlite_url: str, tmp_pat
     with EventLog.open(sqlite_url) as log:
         log.append("big", [RunStarted(config=fleet_config(3))])
         for start in range(0, count, 2500):
-            log.append("big", [ProbeSucceeded(shard=i % 3) for i in range(start, start + 2500)])
+            log.append("big", [probe_ok(i % 3) for i in range(start, start + 2500)])
     exported = tmp_path / "big.jsonl"
     invoke("export", "big", "-o", str(exported), "--db", sqlite_url)
+    copy = _import_and_check_snapshots(exported, tmp_path)
+    original = json.loads(invoke("membership", "big", "--json", "--db", sqlite_url).stdout)
+    assert {**copy, "run": "big"} == original
+
+
+def test_an_imported_old_run_is_snapshotted_like_a_live_one(tmp_path: Path) -> None:
+    """An old export (one v1 probe line per shard) is snapshotted on the same cadence: a
+    v1 row reads as a round of one result, as it was one event."""
+    count = SNAPSHOT_EVERY_EVENTS + 500
+    items = [RunStarted(config=fleet_config(3)), *(probe_ok_v1(i % 3) for i in range(count))]
+    exported = tmp_path / "old.jsonl"
+    exported.write_text("".join(line + "\n" for line in export_lines("big", items)))
+    copy = _import_and_check_snapshots(exported, tmp_path)
+    assert (copy["seq"], copy["epoch"], copy["serving"]) == (count + 1, 0, [0, 1, 2])
+
+
+def _import_and_check_snapshots(exported: Path, tmp_path: Path) -> dict[str, Any]:
+    """Import ``exported`` as run "copy"; check its one snapshot; its membership."""
     imported = f"sqlite:///{tmp_path / 'imported.db'}"
     invoke("import", str(exported), "--run", "copy", "--db", imported)
     with EventLog.open(imported) as log:
@@ -68,6 +89,4 @@ def test_an_imported_run_is_snapshotted_like_a_live_one(sqlite_url: str, tmp_pat
         assert stored is not None
         expected = fold(log.read("copy", 0, stored[0]))
         assert to_snapshot(from_snapshot(stored[1])) == to_snapshot(expected)
-    original = json.loads(invoke("membership", "big", "--json", "--db", sqlite_url).stdout)
-    copy = json.loads(invoke("membership", "copy", "--json", "--db", imported).stdout)
-    assert {**copy, "run": "big"} == original
+    return json.loads(invoke("membership", "copy", "--json", "--db", imported).stdout)

@@ -29,13 +29,13 @@ from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     FailureCount,
     FleetConfig,
-    ProbeFailed,
-    ProbeSucceeded,
     ShardOutcomes,
 )
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ABSENT, SERVING, Input, ShardState, Transition
 from fleetledger.queries import load_view
+from tests.builders import probe_failed, probe_ok
+from tests.legacy_rows import insert_old_rows, probe_failed_v1, probe_ok_v1
 
 MAX_SHARDS = 5
 RECOVERY_ONLY_BY_REFIT = {ShardState.DEAD, ShardState.RESTARTING, ShardState.STALE}
@@ -208,8 +208,17 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(shard=shard_index, ok=st.booleans())
     def another_process_appends(self, shard, ok) -> None:
         s = self._shard(shard)
-        event = ProbeSucceeded(shard=s) if ok else ProbeFailed(shard=s, kind="error", error="x")
-        self.other.append(self.run, [event])
+        self.other.append(self.run, [probe_ok(s) if ok else probe_failed(s, "error", "x")])
+        self._do(self.ledger.catch_up())
+
+    @precondition(_open)
+    @rule(shard=shard_index, ok=st.booleans())
+    def an_older_fleetledger_appends(self, shard, ok) -> None:
+        """A process still on the per-shard probe record (mid-upgrade) stores a v1 row;
+        the ledger folds it in as the one-shard round it is read as."""
+        s = self._shard(shard)
+        row = probe_ok_v1(s) if ok else probe_failed_v1(s, "error", "x")
+        insert_old_rows(self.other.database.engine, self.run, [row])
         self._do(self.ledger.catch_up())
 
     @precondition(_open)
@@ -221,7 +230,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(_open)
     @rule()
     def retried_append_is_not_duplicated(self) -> None:
-        event = ProbeSucceeded(shard=0)
+        event = probe_ok(0)
         first = self.log.append(self.run, [event])
         again = self.log.append(self.run, [event])
         assert first == again

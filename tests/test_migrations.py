@@ -20,10 +20,18 @@ from fleetledger.events.codec import EventCodec
 from fleetledger.events.database import migrate, open_database
 from fleetledger.events.errors import LedgerOpenError, MigrationRequired, UnknownRevision
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import ProbeFailed, ProbeSucceeded, RunStarted
+from fleetledger.events.models import ProbeFailure, ProbeRound, RunStarted
 from fleetledger.events.revisions import VERSION_TABLE, alembic_config, head_revision
 from fleetledger.events.schema import metadata
-from tests.builders import dump_tables, fleet_config, ledger_tables, mixed_events, run_started
+from tests.builders import (
+    dump_tables,
+    fleet_config,
+    ledger_tables,
+    mixed_events,
+    probe_ok,
+    run_started,
+)
+from tests.legacy_rows import probe_failed_v1, probe_ok_v1, stored_form
 
 LEDGER_TABLES = sorted(metadata.tables)
 INSERT_KEYS = ("run", "seq", "id", "type", "version", "at", "payload")
@@ -85,13 +93,13 @@ def test_migrate_creates_a_sqlite_ledger_at_head_and_is_a_no_op_at_head(sqlite_u
 
 
 def _build_at_0001(url: str) -> list[tuple]:
-    """A ledger at revision 0001 holding one run written by hand; returns its event rows."""
-    codec = EventCodec()
+    """A ledger at revision 0001 holding one run written by hand, as the fleetledger of
+    that revision wrote it (its probes one v1 event per shard); returns its event rows."""
     started = RunStarted(config=fleet_config(shards=2))
-    batch = [started, ProbeSucceeded(shard=1), ProbeFailed(shard=0, kind="error", error="é ✓")]
+    batch = [started, probe_ok_v1(1), probe_failed_v1(0, "error", "é ✓")]
     rows = []
     for seq, event in enumerate(batch, start=1):
-        type_, version, payload = codec.encode(event)
+        type_, version, payload = stored_form(event)
         rows.append(("legacy", seq, event.id, type_, version, 1_700_000_000_000_000 + seq, payload))
     engine = _plain_engine(url)
     try:
@@ -118,12 +126,18 @@ def _build_at_0001(url: str) -> list[tuple]:
 
 
 def _assert_rows_read_back(log: EventLog, rows: list[tuple]) -> None:
+    """The run reads back whole — its v1 probe rows as the one-shard rounds they mean —
+    and its stored rows are left byte for byte as they were."""
     codec = EventCodec()
     recorded = list(log.read("legacy"))
-    assert [(r.run, r.seq, r.event.id, r.event.type, r.at_us) for r in recorded] == [
-        (run, seq, event_id, type_, at_us) for run, seq, event_id, type_, _, at_us, _ in rows
+    assert [(r.run, r.seq, r.event.id, r.at_us) for r in recorded] == [
+        (run, seq, event_id, at_us) for run, seq, event_id, _, _, at_us, _ in rows
     ]
-    assert [codec.encode(r.event)[2] for r in recorded] == [r[6] for r in rows]
+    assert codec.encode(recorded[0].event)[2] == rows[0][6]
+    assert [r.event for r in recorded[1:]] == [
+        ProbeRound(id=rows[1][2], ok=(1,)),
+        ProbeRound(id=rows[2][2], failed=(ProbeFailure(shard=0, kind="error", error="é ✓"),)),
+    ]
     assert log.config("legacy") == fleet_config(shards=2)
     stored = dump_tables(log.database.engine)["fleetledger_events"]
     assert stored == sorted(rows, key=repr)  # byte-for-byte, nothing rewritten
@@ -139,7 +153,7 @@ def test_a_sqlite_ledger_at_0001_is_upgraded_on_open_and_keeps_its_rows(sqlite_u
         assert "fleetledger_snapshots" in inspect(database.engine).get_table_names()
         _assert_rows_read_back(log, rows)
         # The upgraded ledger works: the run continues and takes snapshots.
-        assert log.append("legacy", [ProbeSucceeded(shard=0)]) == [4]
+        assert log.append("legacy", [probe_ok(0)]) == [4]
         log.save_snapshot("legacy", 1, 4, "{}")
         assert log.load_snapshot("legacy", 1) == (4, "{}")
 
@@ -169,7 +183,7 @@ def test_a_postgres_ledger_at_an_older_revision_is_refused_until_migrated(postgr
     with EventLog(database) as log:
         assert (database.created, database.upgraded_from) == (False, None)
         _assert_rows_read_back(log, rows)
-        assert log.append("legacy", [ProbeSucceeded(shard=1)]) == [4]
+        assert log.append("legacy", [probe_ok(1)]) == [4]
 
 
 @pytest.mark.postgres

@@ -10,9 +10,11 @@ import pytest
 import fleetledger.events.log as log_module
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
-from fleetledger.events.models import FleetConfig, ProbeSucceeded, RunEnded, RunStarted
+from fleetledger.events.models import FleetConfig, RunEnded, RunStarted
 from fleetledger.queries import RunReader
+from tests.builders import probe_ok
 from tests.cli_support import run_cli
+from tests.legacy_rows import insert_old_rows, probe_ok_v1
 
 RUN = "holey"
 EVENTS = 28  # run_started, 26 probes, run_ended
@@ -29,11 +31,18 @@ def small_pages(monkeypatch: pytest.MonkeyPatch) -> int:
     return 10
 
 
-def _write(url: str) -> None:
+def _write(url: str, *, old: bool = False) -> None:
+    """The run; ``old``: its probes stored as an older fleetledger did, v1 rows."""
     config = FleetConfig(shard_count=2, train_world_size=1, base_urls=("a", "b"))
     with EventLog.open(url) as log:
         log.append(RUN, [RunStarted(config=config)])
-        log.append(RUN, [ProbeSucceeded(shard=i % 2) for i in range(EVENTS - 2)])
+        if old:
+            insert_old_rows(
+                log.database.engine, RUN, [probe_ok_v1(i % 2) for i in range(EVENTS - 2)]
+            )
+        else:
+            log.append(RUN, [probe_ok(i % 2) for i in range(EVENTS - 2)])
+    with EventLog.open(url) as log:  # a fresh log: the head may have moved behind its back
         log.append(RUN, [RunEnded(outcome="completed", cause="done")])
 
 
@@ -100,13 +109,21 @@ def test_a_payload_whose_id_is_not_its_rows_is_refused_naming_the_seq(sqlite_url
     assert "is not the row's id" in str(caught.value)
 
 
-def test_damaged_content_in_a_repeated_payload_is_found_by_every_read(sqlite_url, tmp_path):
+@pytest.mark.parametrize(
+    ("old", "field", "damaged"),
+    [(False, '"ok":[1]', '"ok":["one"]'), (True, '"shard":1', '"shard":"one"')],
+    ids=["rounds", "v1-rows"],
+)
+def test_damaged_content_in_a_repeated_payload_is_found_by_every_read(
+    sqlite_url, tmp_path, old, field, damaged
+):
     """The cache is keyed by the whole payload after the id: a changed field is a new
-    payload, validated whole, by the fold's read too."""
-    _write(sqlite_url)
+    payload, validated whole (a v1 row by its upcaster), by the fold's read too."""
+    _write(sqlite_url, old=old)
     path = str(tmp_path / "ledger.db")
     _event_id, payload = _payload(path, 9)
-    _set_payload(path, 9, payload.replace('"shard":1', '"shard":"one"'))
+    assert field in payload
+    _set_payload(path, 9, payload.replace(field, damaged))
     with EventLog.open(sqlite_url) as log:
         for read in (
             lambda: list(log.read(RUN)),
@@ -114,6 +131,6 @@ def test_damaged_content_in_a_repeated_payload_is_found_by_every_read(sqlite_url
         ):
             with pytest.raises(LedgerError, match="seq 9") as caught:
                 read()
-            assert "shard" in str(caught.value)
+            assert field.split(":")[0].strip('"') in str(caught.value)
     result = run_cli("membership", RUN, "--db", sqlite_url)
     assert result.exit_code == 2 and "seq 9" in result.stderr

@@ -35,8 +35,6 @@ from fleetledger.events.ids import new_event_id
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     FleetConfig,
-    ProbeFailed,
-    ProbeSucceeded,
     RunStarted,
     ShardOutcomes,
     datetime_from_us,
@@ -56,6 +54,7 @@ from fleetledger.projections.history import (
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
+from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli, run_with_a_terminal
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -427,8 +426,8 @@ def test_replay_piped_into_a_reader_that_stops_early_is_quiet(sqlite_url: str) -
         log.append("blips", [RunStarted(config=FleetConfig(
             shard_count=1, train_world_size=1, base_urls=("http://gen-0.test:8000/v1",)
         ))])  # fmt: skip
-        blip = [ProbeFailed(shard=0, kind="error", error="HTTP 503")]
-        recover = [ProbeSucceeded(shard=0), ProbeSucceeded(shard=0)]
+        blip = [probe_failed(0, "error", "HTTP 503")]
+        recover = [probe_ok(0), probe_ok(0)]
         for _ in range(4):
             log.append("blips", [e.model_copy(update={"id": new_event_id()})
                                  for _ in range(500) for e in (*blip, *recover)])  # fmt: skip
