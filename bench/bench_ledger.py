@@ -21,7 +21,11 @@ process, so a burst of load on the machine hits both alike.
 
 The N-event database is built once through ``EventLog.append`` in batches of 1000 and
 cached in ``--db-dir`` under a name made of the generator's parameters; later runs
-reuse it. ``--profile`` adds cProfile listings of the replay and of batched appends.
+reuse it. Its probes are one-shard ``probe_round`` events (the generator probes shard by
+shard); ``--v1-probes`` stores each as an older fleetledger did, one v1
+``probe_succeeded`` / ``probe_failed`` row, so the replay figures are those of an old
+ledger read through the codec's upcasters. ``--profile`` adds cProfile listings of the
+replay and of batched appends.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 
 from fleetledger.controller.ledger import Ledger
+from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
@@ -60,8 +65,8 @@ from fleetledger.events.models import (
     FailureCount,
     FleetConfig,
     OutcomeWindowReported,
-    ProbeFailed,
-    ProbeSucceeded,
+    ProbeFailure,
+    ProbeRound,
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
@@ -84,7 +89,7 @@ from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries import load_view
 
 # Bump when the generator's output changes: it is part of the cache file's name.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2  # 2: a probe is a one-shard probe_round, not a v1 per-shard event
 RUN = "bench-run"
 DEFAULT_DB_DIR = "/tmp/fleetledger-bench"
 BUILD_BATCH = 1000
@@ -116,6 +121,32 @@ def per_s(count: int, seconds: float) -> str:
 
 
 # ── the workload: a realistic run ─────────────────────────────────────────────
+
+
+def probe_ok(shard: int) -> ProbeRound:
+    """One shard's answered probe: what one v1 ``probe_succeeded`` row reads as."""
+    return ProbeRound(ok=(shard,))
+
+
+def probe_failed(shard: int, kind: str, error: str) -> ProbeRound:
+    """One shard's failed probe: what one v1 ``probe_failed`` row reads as."""
+    return ProbeRound(failed=(ProbeFailure(shard=shard, kind=kind, error=error),))  # type: ignore[arg-type]
+
+
+def v1_row(event: Event) -> tuple[str, int, str] | None:
+    """(type, version, payload) of the v1 row an older ledger stored for ``event``, a
+    one-shard probe; None for any other event (stored as today's ledger stores it)."""
+    if not isinstance(event, ProbeRound) or event.died or len(event.shards_named()) != 1:
+        return None
+    if event.ok:
+        return (
+            "probe_succeeded",
+            1,
+            ProbeSucceededV1(id=event.id, shard=event.ok[0]).model_dump_json(),
+        )
+    f = event.failed[0]
+    old = ProbeFailedV1(id=event.id, shard=f.shard, kind=f.kind, error=f.error)
+    return "probe_failed", 1, old.model_dump_json()
 
 
 def bench_config(shards: int) -> FleetConfig:
@@ -217,14 +248,11 @@ class RunGenerator:
             left = self.failing.get(shard, 0)
             if left:
                 self.failing[shard] = left - 1
-                self._emit(
-                    out,
-                    ProbeFailed(shard=shard, kind="timeout", error="no answer within 5.0 s"),
-                )
+                self._emit(out, probe_failed(shard, "timeout", "no answer within 5.0 s"))
             elif rng.random() < 0.003:
-                self._emit(out, ProbeFailed(shard=shard, kind="error", error="HTTP 503"))
+                self._emit(out, probe_failed(shard, "error", "HTTP 503"))
             else:
-                self._emit(out, ProbeSucceeded(shard=shard))
+                self._emit(out, probe_ok(shard))
 
         # An adapter's outcome window, every 4th round, over the serving shards.
         if self.rounds % 4 == 0:
@@ -298,9 +326,9 @@ def probe_events(count: int, shards: int, seed: int) -> list[Event]:
     for i in range(count):
         shard = i % shards
         if rng.random() < 0.03:
-            out.append(ProbeFailed(shard=shard, kind="timeout", error="no answer within 5.0 s"))
+            out.append(probe_failed(shard, "timeout", "no answer within 5.0 s"))
         else:
-            out.append(ProbeSucceeded(shard=shard))
+            out.append(probe_ok(shard))
     return out
 
 
@@ -607,9 +635,9 @@ def bench_batched(db_dir: Path, batch: int, total: int, shards: int, seed: int) 
 # ── 3: the big run ─────────────────────────────────────────────────────────────
 
 
-def replay_db_path(db_dir: Path, events: int, shards: int, seed: int) -> Path:
+def replay_db_path(db_dir: Path, events: int, shards: int, seed: int, *, v1: bool = False) -> Path:
     name = f"replay-g{GENERATOR_VERSION}-p{PROJECTION_VERSION}-n{events}-s{shards}-seed{seed}"
-    return db_dir / f"{name}.sqlite"
+    return db_dir / f"{name}{'-v1probes' if v1 else ''}.sqlite"
 
 
 def cached_head(path: Path) -> int | None:
@@ -623,8 +651,14 @@ def cached_head(path: Path) -> int | None:
         return None
 
 
-def build_replay_db(path: Path, events: int, shards: int, seed: int) -> None:
-    """Write the run through EventLog.append in batches of 1000, then move it in place."""
+def build_replay_db(path: Path, events: int, shards: int, seed: int, *, v1: bool = False) -> None:
+    """Write the run through EventLog.append in batches of 1000, then move it in place.
+
+    ``v1``: the ledger an older fleetledger left, its probes one v1 row per shard —
+    inserted as that fleetledger's append stored them (today's log appends only
+    rounds), the rest through ``EventLog.append``; the replay then reads every probe
+    through the codec's upcasters.
+    """
     tmp = path.with_name(f".building-{os.getpid()}-{path.name}")
     remove_db(tmp)
     t0 = time.perf_counter()
@@ -634,7 +668,10 @@ def build_replay_db(path: Path, events: int, shards: int, seed: int) -> None:
         written = 1
         while written < events:
             batch = list(itertools.islice(stream, min(BUILD_BATCH, events - written)))
-            log.append(RUN, batch)
+            if v1:
+                insert_as_older_ledger(log, written + 1, batch)
+            else:
+                log.append(RUN, batch)
             written += len(batch)
         with log.database.engine.connect() as conn:
             conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -647,6 +684,28 @@ def build_replay_db(path: Path, events: int, shards: int, seed: int) -> None:
         f"{events:,} events in {time.perf_counter() - t0:.1f} s"
         f" -> {path} ({path.stat().st_size / 2**20:.0f} MiB)",
     )
+
+
+def insert_as_older_ledger(log: EventLog, first_seq: int, batch: Sequence[Event]) -> None:
+    """``batch`` stored from ``first_seq`` on as an older fleetledger stored it (one-shard
+    probe rounds as v1 per-shard rows), in one transaction."""
+    codec, at_us = log.codec, log.run_head(RUN).at_us  # the run's stamp: never backwards
+    rows = []
+    for i, e in enumerate(batch):
+        type_, version, payload = v1_row(e) or codec.encode(e)
+        rows.append(
+            {
+                "run_id": RUN,
+                "seq": first_seq + i,
+                "event_id": e.id,
+                "type": type_,
+                "schema_version": version,
+                "at_us": at_us,
+                "payload": payload,
+            }
+        )
+    with log.database.engine.begin() as conn:
+        conn.execute(insert(events_table), rows)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -670,15 +729,15 @@ def clocked(into: Took, fn: Callable[[], Any]) -> Any:
 
 
 def bench_replay(
-    db_dir: Path, n_events: int, shards: int, seed: int, repeat: int
+    db_dir: Path, n_events: int, shards: int, seed: int, repeat: int, v1: bool
 ) -> tuple[Path, str]:
-    path = replay_db_path(db_dir, n_events, shards, seed)
+    path = replay_db_path(db_dir, n_events, shards, seed, v1=v1)
     head = cached_head(path)
     if head != n_events:
         if head is not None:
             note(f"cached {path.name} holds {head:,} events, not {n_events:,}; rebuilding")
         remove_db(path)
-        build_replay_db(path, n_events, shards, seed)
+        build_replay_db(path, n_events, shards, seed, v1=v1)
     else:
         line("3", "cached run", f"{path} ({path.stat().st_size / 2**20:.0f} MiB)")
 
@@ -926,6 +985,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="afterwards, print cProfile listings of replay and appends",
     )
     parser.add_argument("--profile-lines", type=int, default=30)
+    parser.add_argument(
+        "--v1-probes",
+        action="store_true",
+        help="replay a run whose probes are stored as an older fleetledger stored them "
+        "(one v1 probe_succeeded / probe_failed row per shard, lifted on read)",
+    )
     args = parser.parse_args(argv)
     if args.events < 20_000:
         parser.error("--events must be at least 20,000 (the snapshots sit 11,099 before the head)")
@@ -942,7 +1007,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_single(db_dir, args.single, args.shards, args.seed)
     for batch in (100, 1000):
         bench_batched(db_dir, batch, args.batched, args.shards, args.seed + batch)
-    path, full = bench_replay(db_dir, args.events, args.shards, args.seed, args.repeat)
+    path, full = bench_replay(
+        db_dir, args.events, args.shards, args.seed, args.repeat, args.v1_probes
+    )
     bench_snapshot_load(path, full, samples=21)
     bench_queries(path)
     if args.profile:

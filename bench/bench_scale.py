@@ -8,14 +8,15 @@ Run it by hand (it asserts nothing about timing)::
     python bench/bench_scale.py [--events N] [--days D] [--db-dir DIR] [--skip-week]
 
 1. **Replay of an imported 1M-event schema-version-1 run** (per-shard probe events, as
-   ledgers written before probe rounds hold them; the run ``bench_ledger.py`` builds and
-   caches), imported into a fresh ledger through ``EventLog.import_run`` and the import
-   command's snapshot pass (the CLI import's own file limit, 64 MiB, is below a
-   1M-event export): ``fleetledger replay RUN --json`` (CLI code path, in process, into
-   a null sink; and as a process) and the library fold (``fold_pages`` of
-   ``read_pages(ids=False)``), against eventsourcing's raw notification read of the
-   same events (``SQLiteApplicationRecorder.select_notifications`` in pages of 1000, the
-   same payloads stored as the events' state). Targets: ≥ 1.0× (ambition 2×) and ≥ 1.5×.
+   ledgers written before probe rounds hold them, read through the codec's upcasters;
+   the run ``bench_ledger.py --v1-probes`` builds and caches), imported into a fresh
+   ledger through ``EventLog.import_run`` and the import command's snapshot pass (the
+   CLI import's own file limit, 64 MiB, is below a 1M-event export):
+   ``fleetledger replay RUN --json`` (CLI code path, in process, into a null sink; and
+   as a process) and the library fold (``fold_pages`` of ``read_pages(ids=False)``),
+   against eventsourcing's raw notification read of the same events
+   (``SQLiteApplicationRecorder.select_notifications`` in pages of 1000, the same
+   payloads stored as the events' state). Targets: ≥ 1.0× (ambition 2×) and ≥ 1.5×.
 2. ``membership`` of the imported run, at the head and ``--at`` random seqs (median,
    CLI code path): target ≤ 100 ms plus start-up; start-up (``fleetledger --version``
    and ``membership`` of a one-event run, as processes): target ≤ 250 ms.
@@ -23,7 +24,8 @@ Run it by hand (it asserts nothing about timing)::
    the same rows, both SQLite in WAL with ``synchronous=FULL`` (read back and printed),
    interleaved batch by batch: target ≥ 1.0×.
 4. Storage per probed shard, healthy 256-shard fleet: 1,000 rounds written as
-   ``probe_round`` events vs as per-shard events: target ≥ 10× smaller.
+   ``probe_round`` events vs as the per-shard v1 rows older ledgers hold: target ≥ 10×
+   smaller.
 5. **A week of a 256-shard fleet** probed every 5 s (120,960 rounds), written through
    ``Ledger.record_probes`` — the normal append path, one durable transaction per round —
    on a compressed clock, with an incident a day (a failing shard, a death, a restart, a
@@ -62,12 +64,15 @@ from bench_ledger import (
     sqlite_url,
     verdict,
 )
+from sqlalchemy import insert
 
 from fleetledger.cli.ledger_commands import snapshot_imported
 from fleetledger.controller.ledger import Ledger, ProbeResult, round_event
+from fleetledger.events.legacy import ProbeSucceededV1
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, RunStarted, iso_at
 from fleetledger.events.records import ImportRow
+from fleetledger.events.schema import events as events_table
 from fleetledger.projections.fleet_view import fold_pages
 from fleetledger.projections.snapshot import to_snapshot
 
@@ -114,10 +119,11 @@ def ratio_line(section: str, label: str, ours: float, theirs: float, target: flo
 
 
 def ensure_v1_run(db_dir: Path, events: int) -> Path:
-    path = replay_db_path(db_dir, events, 8, 20261129)
+    """The run ``bench_ledger.py --v1-probes`` caches: its probes v1 rows, one per shard."""
+    path = replay_db_path(db_dir, events, 8, 20261129, v1=True)
     if cached_head(path) != events:
         remove_db(path)
-        build_replay_db(path, events, 8, 20261129)
+        build_replay_db(path, events, 8, 20261129, v1=True)
     return path
 
 
@@ -352,6 +358,28 @@ class CompressedClock:
         return self.now_us
 
 
+def insert_v1_round(log: EventLog, first_seq: int, shards: int) -> None:
+    """A healthy round as an older fleetledger stored it: one ``probe_succeeded`` v1 row
+    per shard, in one transaction (today's log appends rounds only)."""
+    at_us = log.run_head("r").at_us
+    rows = []
+    for shard in range(shards):
+        old = ProbeSucceededV1(shard=shard)
+        rows.append(
+            {
+                "run_id": "r",
+                "seq": first_seq + shard,
+                "event_id": old.id,
+                "type": old.type,
+                "schema_version": 1,
+                "at_us": at_us,
+                "payload": old.model_dump_json(),
+            }
+        )
+    with log.database.engine.begin() as conn:
+        conn.execute(insert(events_table), rows)
+
+
 def bench_storage(db_dir: Path, shards: int, rounds: int) -> None:
     ok = {shard: ProbeResult.ok() for shard in range(shards)}
     sizes = []
@@ -360,11 +388,11 @@ def bench_storage(db_dir: Path, shards: int, rounds: int) -> None:
         remove_db(path)
         with EventLog.open(sqlite_url(path)) as log:
             log.append("r", [RunStarted(config=week_config(shards))])
-            for _ in range(rounds):
+            for i in range(rounds):
                 if shape == "rounds":
                     log.append("r", [round_event(ok)])
-                else:
-                    log.append("r", [ok[s].as_event(s) for s in range(shards)])
+                else:  # as older ledgers stored a round: one v1 row per shard
+                    insert_v1_round(log, 2 + i * shards, shards)
             with log.database.engine.connect() as conn:
                 conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
                 conn.rollback()

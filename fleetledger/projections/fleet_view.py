@@ -326,10 +326,15 @@ class FleetView:
         as they did when each result was an event: a log written with rounds and one
         written with per-shard events fold to the same membership numbers.
         """
+        ok = e.ok
+        if not (e.failed or e.died):  # the healthy round: every result a "stay"
+            if len(ok) == 1:  # one shard's probe (every v1 row of an older ledger)
+                if ok[0] < len(self.shards) and healthy_probe_ok(self.shards[ok[0]], at):
+                    return []
+            elif all_healthy_probes_ok(self.shards, ok, at):
+                return []
         self._check_shards(seq, e, e.shards_named())
-        if not e.failed and not e.died and all_healthy_probes_ok(self.shards, e.ok, at):
-            return []  # the healthy round: every result a "stay"
-        results: list[tuple[int, Signal | None]] = [(shard, None) for shard in e.ok]
+        results: list[tuple[int, Signal | None]] = [(shard, None) for shard in ok]
         for f in e.failed:
             text = f"{f.kind}: {f.error}" if f.error else f.kind
             results.append((f.shard, Signal(Input.PROBE_FAILED, seq, at, text=text)))
