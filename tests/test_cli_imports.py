@@ -282,3 +282,31 @@ def test_a_command_applies_the_logging_settings_before_it_loads_code_that_logs()
             if not ready or min(ready) > first:
                 problems.append(f"{where}:{first}: {function.name} imports code that logs first")
     assert problems == []
+
+
+def test_command_modules_keep_their_annotations_as_objects() -> None:
+    """typer reads every command's annotations on every start: as strings, each is
+    compiled first (``from __future__ import annotations``), which the commands'
+    modules avoid (cli.app)."""
+    lazy = []
+    for path in sorted(CLI_PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        commands = any(
+            isinstance(node, ast.FunctionDef)
+            and any(
+                isinstance(d, ast.Call)
+                and isinstance(d.func, ast.Attribute)
+                and d.func.attr == "command"
+                for d in node.decorator_list
+            )
+            for node in tree.body
+        )
+        future = any(
+            isinstance(node, ast.ImportFrom)
+            and node.module == "__future__"
+            and any(alias.name == "annotations" for alias in node.names)
+            for node in tree.body
+        )
+        if commands and future:
+            lazy.append(path.name)
+    assert lazy == []

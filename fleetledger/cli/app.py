@@ -29,8 +29,12 @@ if TYPE_CHECKING:
     from fleetledger.events.log import EventLog
 
 # Each command imports what it needs when it runs (the log, the projections, a bundle's
-# zip, the timeline's painters), so `fleetledger --help` or a read command does not pay
-# for what another command uses; Alembic is imported only where a migration can happen.
+# zip, the timeline's painters, rich for a table, structlog when something logs), so
+# `fleetledger --help` or a read command does not pay for what another command uses;
+# Alembic is imported only where a migration can happen. typer builds every command's
+# parameters from its annotations on each start, whichever command runs: the command
+# modules keep their annotations as objects (no `from __future__ import annotations`),
+# because typer compiles a string annotation on every start (about 10 ms for them all).
 
 # ── usage errors: one line, like every other error ─────────────────────────────
 

@@ -3,7 +3,8 @@
 The words are ``projections.explain``'s and the reads ``queries``'; this prints them.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 from typing import Annotated
 

@@ -1,6 +1,7 @@
 """Commands over the ledger itself: runs, membership, export/import, demo, migrate."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 import json
 import sys
@@ -82,7 +83,7 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
 # ── membership ─────────────────────────────────────────────────────────────────
 
 
-def render_membership(view: FleetView) -> None:
+def render_membership(view: "FleetView") -> None:
     from rich.table import Table  # a table is printed: only then is rich loaded (not --json)
 
     from fleetledger.projections.membership import membership_document
@@ -210,7 +211,7 @@ def export(
                 stream.write((line + "\n").encode("utf-8"))
 
 
-def snapshot_imported(log: EventLog, run: str) -> FleetView:
+def snapshot_imported(log: "EventLog", run: str) -> "FleetView":
     """Fold an imported run once, storing snapshots at a live ledger's cadence, so
     ``membership``, ``explain`` and ``--at`` on it fold a short tail, as on the original."""
     from fleetledger.projections.snapshot import PROJECTION_VERSION, fold_with_snapshots

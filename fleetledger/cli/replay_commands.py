@@ -7,7 +7,8 @@ the same entries for a live run as they are appended, and exits when the run end
 reading and polling are ``queries``'; this module parses the options and prints.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 import sys
 from typing import Annotated

@@ -5,7 +5,8 @@ controller; it does so only when it runs, because importing this module register
 command for every invocation, the read-only ones included.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 import signal
 import sys

@@ -1,6 +1,7 @@
 """``fleetledger simulate``: the live controller on a local Ray cluster, with optional chaos."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 import contextlib
 import sys

@@ -12,7 +12,8 @@ and once the ledger is open, that ``-o`` is not the ledger itself. The file is w
 whole (mode 0600) or not at all, by :func:`fleetledger.cli.output.whole_file`.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 PictureFormat = Literal["png", "html"]
 FORMATS: dict[str, PictureFormat] = {".png": "png", ".html": "html", ".htm": "html"}
-AXIS_MODES: dict[str, AxisMode] = {"time": "time", "seq": "seq"}  # type: ignore[valid-type]
+AXIS_MODES: "dict[str, AxisMode]" = {"time": "time", "seq": "seq"}  # type: ignore[valid-type]
 
 
 def picture_format(output: Path) -> PictureFormat:
