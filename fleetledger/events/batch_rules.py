@@ -14,6 +14,9 @@ from collections.abc import Callable, Sequence
 from fleetledger.events.errors import AppendRejected, UnknownRun
 from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted, shard_outside
 
+# The events whose place in a run is fixed: the first, and the last.
+_BOUNDARIES = (RunStarted, RunEnded)
+
 
 def check_batch(
     run: str,
@@ -46,10 +49,11 @@ def check_batch(
     count, last = fleet.shard_count, len(batch) - 1
     for index in range(offset, len(batch)):
         event = batch[index]
-        if isinstance(event, RunStarted):
-            raise AppendRejected(run, "the run has already started", index=index)
-        if isinstance(event, RunEnded) and index != last:
-            raise AppendRejected(run, "run_ended must be the last event", index=index)
+        if isinstance(event, _BOUNDARIES):  # one check for the two rare kinds
+            if isinstance(event, RunStarted):
+                raise AppendRejected(run, "the run has already started", index=index)
+            if index != last:
+                raise AppendRejected(run, "run_ended must be the last event", index=index)
         # ``FleetConfig.check_event``'s rule, inlined: an append's hot path.
         for shard in event.shards_named():
             if not 0 <= shard < count:

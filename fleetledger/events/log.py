@@ -106,6 +106,11 @@ class EventLog:
         self._clock_us = clock_us
         self._configs: dict[str, FleetConfig] = {}
         self._sql = Statements(database.engine.dialect)
+        # ``EventCodec.encode`` for each registered class, looked up once per event.
+        self._by_class = {
+            cls: (name, cls.SCHEMA_VERSION, cls.__pydantic_serializer__)
+            for name, cls in self.codec.types.items()
+        }
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
         self._writes = WriteConnections(database)
@@ -186,32 +191,47 @@ class EventLog:
         return seqs
 
     def _encode(self, run: str, batch: Sequence[Event]) -> list[_Encoded]:
-        types = self.codec.types
-        make = tuple.__new__  # _Encoded's own __new__ is a Python function: an append's hot path
+        """Each event with its stored type, version and payload, in batch order.
+
+        An append's hot path: an event of a registered class costs one lookup of its
+        class (its type, version and serializer) and one serialization; anything else
+        (a subclass, a non-event) goes through the codec, which says what is wrong.
+        """
+        by_class = self._by_class
+        make = tuple.__new__  # _Encoded's own __new__ is a Python function
         out: list[_Encoded] = []
-        seen: set[str] = set()
+        append = out.append
         for index, event in enumerate(batch):
+            spec = by_class.get(type(event))
+            if spec is not None:
+                type_, version, serializer = spec
+                append(make(_Encoded, (event, type_, version, serializer.to_json(event).decode())))
+                continue
             if not isinstance(event, Event):
                 raise AppendRejected(run, f"{type(event).__name__} is not an event", index=index)
-            cls = types.get(event.type)
-            if cls is not None and type(event) is cls:  # ``EventCodec.encode``, inlined
-                type_, version = event.type, cls.SCHEMA_VERSION
-                payload = cls.__pydantic_serializer__.to_json(event).decode()
-            else:
-                try:
-                    type_, version, payload = self.codec.encode(event)
-                except TypeError as exc:
-                    raise AppendRejected(run, str(exc), index=index) from None
-            event_id = event.id
+            try:
+                type_, version, payload = self.codec.encode(event)
+            except TypeError as exc:
+                raise AppendRejected(run, str(exc), index=index) from None
+            append(make(_Encoded, (event, type_, version, payload)))
+        ids = [e.event.id for e in out]
+        if len(set(ids)) != len(ids) or not all(ids):
+            self._refuse_ids(run, out)
+        return out
+
+    @staticmethod
+    def _refuse_ids(run: str, encoded: list[_Encoded]) -> None:
+        """The first event of a batch whose id is empty or repeats an earlier one's."""
+        seen: set[str] = set()
+        for index, e in enumerate(encoded):
+            event_id = e.event.id
             if not event_id:  # a fold's event (``read_pages(ids=False)``), not a row's
                 raise AppendRejected(
-                    run, f"a {event.type} event without an id cannot be appended", index=index
+                    run, f"a {e.type} event without an id cannot be appended", index=index
                 )
             if event_id in seen:
                 raise AppendRejected(run, f"event id {event_id} appears twice", index=index)
             seen.add(event_id)
-            out.append(make(_Encoded, (event, type_, version, payload)))
-        return out
 
     def _cached_head(self, conn: Connection, run: str) -> _Head | None:
         """The head this log last wrote to ``run``, with the run locked (PostgreSQL)."""
