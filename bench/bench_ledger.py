@@ -58,7 +58,7 @@ from sqlalchemy.engine import make_url
 
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
-from fleetledger.events.log import EventLog
+from fleetledger.events.log import EventLog, wall_clock_us
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     Event,
@@ -89,7 +89,9 @@ from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries import load_view
 
 # Bump when the generator's output changes: it is part of the cache file's name.
-GENERATOR_VERSION = 2  # 2: a probe is a one-shard probe_round, not a v1 per-shard event
+# 2: a probe is a one-shard probe_round, not a v1 per-shard event; 3: --v1-probes rows are
+# stamped by the clock (2 gave every v1 row the run's first stamp)
+GENERATOR_VERSION = 3
 RUN = "bench-run"
 DEFAULT_DB_DIR = "/tmp/fleetledger-bench"
 BUILD_BATCH = 1000
@@ -689,7 +691,8 @@ def build_replay_db(path: Path, events: int, shards: int, seed: int, *, v1: bool
 def insert_as_older_ledger(log: EventLog, first_seq: int, batch: Sequence[Event]) -> None:
     """``batch`` stored from ``first_seq`` on as an older fleetledger stored it (one-shard
     probe rounds as v1 per-shard rows), in one transaction."""
-    codec, at_us = log.codec, log.run_head(RUN).at_us  # the run's stamp: never backwards
+    # Stamped as ``append`` stamps: the wall clock, never behind the run's head.
+    codec, at_us = log.codec, max(wall_clock_us(), log.run_head(RUN).at_us)
     rows = []
     for i, e in enumerate(batch):
         type_, version, payload = v1_row(e) or codec.encode(e)

@@ -91,6 +91,8 @@ def main() -> None:
     if not CONSOLE.exists():
         sys.exit(f"{CONSOLE} is not installed (pip install -e .)")
 
+    if args.db_dir is not None:
+        args.db_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.db_dir) as tmp:
         cwd = Path(tmp)
         pycache = None if args.shell_bytecode else cwd / "pycache"

@@ -604,6 +604,27 @@ CASES: list[Case] = [
         ("event #0 of the batch: dict is not an event",),
     ),
     Case(
+        # A model whose ``type`` was changed behind it is not its class's event: written,
+        # its payload would name another type than its row, and the run stop reading.
+        "append_type_changed_behind_the_model",
+        lambda c: append(
+            c.url, "r1", lambda: [probe_ok(0).model_copy(update={"type": "restart_requested"})]
+        ),
+        AppendRejected,
+        ("event #0 of the batch: ProbeRound is not a registered event type",),
+        backends=BOTH,
+    ),
+    Case(
+        # Refusals in batch order: the repeated id (#1) comes before the non-event (#2).
+        "append_first_refusal_in_batch_order",
+        lambda c: append(
+            c.url, "r1", lambda: [probe_ok(0, id="twice"), probe_ok(1, id="twice"), "x"]
+        ),
+        AppendRejected,
+        ("run 'r1', event #1 of the batch: event id twice appears twice",),
+        check=_batch_index(1),
+    ),
+    Case(
         "append_empty_run_id",
         lambda c: append(c.url, "", lambda: [probe_ok(0)]),
         AppendRejected,

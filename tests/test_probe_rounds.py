@@ -42,9 +42,16 @@ from fleetledger.events.models import (
     ShardOutcomes,
     WeightsMarkedPartial,
 )
-from fleetledger.projections.fleet_view import FleetView, fold, fold_pages
+from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold, fold_pages
 from fleetledger.projections.snapshot import to_snapshot
-from tests.legacy_rows import Item, import_old_run, probe_failed_v1, probe_ok_v1, stored_form
+from tests.legacy_rows import (
+    Item,
+    import_old_run,
+    insert_old_rows,
+    probe_failed_v1,
+    probe_ok_v1,
+    stored_form,
+)
 from tests.projection_builders import fleet_config
 
 SHARDS = 4
@@ -216,3 +223,32 @@ def test_a_round_naming_a_shard_the_fleet_lacks_is_refused_by_the_log(
     with pytest.raises(Exception, match="probe_round: shard 5 is out of range"):
         shared_log.append("range", [ProbeRound(ok=(0, 5))])
     assert shared_log.head("range") == 1
+
+
+def test_a_damaged_v1_row_naming_a_shard_the_fleet_lacks_is_named_by_its_seq(
+    shared_log: EventLog,
+) -> None:
+    """An old row the log never checked (written by hand, or damaged): the fold refuses
+    it at its seq, worded for the probe result it is, not for the type it was lifted to."""
+    run = "damaged-v1"
+    insert_old_rows(
+        shared_log.database.engine,
+        run,
+        [RunStarted(config=fleet_config(2)), probe_ok_v1(0), probe_ok_v1(9)],
+    )
+    stored = shared_log.read_stored(run)
+    assert [row[3] for page in stored for row in page] == [
+        "run_started",
+        "probe_succeeded",
+        "probe_succeeded",
+    ]
+    for pages in (
+        lambda: fold(shared_log.read(run)),
+        lambda: fold_pages(shared_log.read_pages(run, ids=False)),
+    ):
+        with pytest.raises(ProjectionError) as caught:
+            pages()
+        assert str(caught.value) == (
+            f"run {run!r} seq 3: probe result: shard 9 is out of range: this run has "
+            "shard_count=2 (valid shards 0..1)"
+        )

@@ -4,7 +4,8 @@ A refused batch leaves the log unchanged, so the rules are checked whole, first:
 
 - a run begins with ``run_started``, and only once;
 - nothing follows ``run_ended``, which must be a batch's last event;
-- every shard an event names is one of the run's (its configuration says how many).
+- every shard an event names is one of the run's (its configuration says how many);
+- every event has an id, and no two events of a batch the same one.
 """
 
 from __future__ import annotations
@@ -60,3 +61,17 @@ def check_batch(
                 problem = shard_outside(shard, count)
                 raise AppendRejected(run, f"{event.type}: {problem}", index=index)
     return fleet
+
+
+def refuse_ids(run: str, batch: Sequence[Event]) -> None:
+    """Refuse the first event of ``batch`` whose id is empty or repeats an earlier one's
+    (the log checks the whole batch's ids at C speed first, and calls this to say which)."""
+    seen: set[str] = set()
+    for index, event in enumerate(batch):
+        if not event.id:  # a fold's event (``read_pages(ids=False)``), not a row's
+            raise AppendRejected(
+                run, f"a {event.type} event without an id cannot be appended", index=index
+            )
+        if event.id in seen:
+            raise AppendRejected(run, f"event id {event.id} appears twice", index=index)
+        seen.add(event.id)

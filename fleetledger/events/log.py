@@ -34,7 +34,7 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.exc import DBAPIError
 
 from fleetledger.events.allocation import cyclic_gc_paused
-from fleetledger.events.batch_rules import check_batch
+from fleetledger.events.batch_rules import check_batch, refuse_ids
 from fleetledger.events.codec import EventCodec, StoredRow
 from fleetledger.events.database import Database, OpenMode, open_database, waited_too_long
 from fleetledger.events.errors import (
@@ -203,35 +203,25 @@ class EventLog:
         append = out.append
         for index, event in enumerate(batch):
             spec = by_class.get(type(event))
-            if spec is not None:
+            # An event whose ``type`` was changed behind its model (``model_copy`` with an
+            # update, ``model_construct``) is not its class's: the codec refuses it.
+            if spec is not None and event.type == spec[0]:
                 type_, version, serializer = spec
                 append(make(_Encoded, (event, type_, version, serializer.to_json(event).decode())))
                 continue
             if not isinstance(event, Event):
+                refuse_ids(run, [e.event for e in out])  # refusals in batch order
                 raise AppendRejected(run, f"{type(event).__name__} is not an event", index=index)
             try:
                 type_, version, payload = self.codec.encode(event)
             except TypeError as exc:
+                refuse_ids(run, [e.event for e in out])
                 raise AppendRejected(run, str(exc), index=index) from None
             append(make(_Encoded, (event, type_, version, payload)))
         ids = [e.event.id for e in out]
         if len(set(ids)) != len(ids) or not all(ids):
-            self._refuse_ids(run, out)
+            refuse_ids(run, [e.event for e in out])
         return out
-
-    @staticmethod
-    def _refuse_ids(run: str, encoded: list[_Encoded]) -> None:
-        """The first event of a batch whose id is empty or repeats an earlier one's."""
-        seen: set[str] = set()
-        for index, e in enumerate(encoded):
-            event_id = e.event.id
-            if not event_id:  # a fold's event (``read_pages(ids=False)``), not a row's
-                raise AppendRejected(
-                    run, f"a {e.type} event without an id cannot be appended", index=index
-                )
-            if event_id in seen:
-                raise AppendRejected(run, f"event id {event_id} appears twice", index=index)
-            seen.add(event_id)
 
     def _cached_head(self, conn: Connection, run: str) -> _Head | None:
         """The head this log last wrote to ``run``, with the run locked (PostgreSQL)."""

@@ -296,15 +296,20 @@ class FleetView:
         finally:  # the position is the last event folded, however the page ends
             self.seq, self.at_us = last_seq, last_at
 
-    def _check_shards(self, seq: int, event: Event, shards: Iterable[int]) -> None:
+    def _check_shards(
+        self, seq: int, event: Event, shards: Iterable[int], *, what: str | None = None
+    ) -> None:
         """Refuse, before anything changes, an event naming a shard this fleet lacks.
 
-        The log never stores one; a hand-built or imported sequence might.
+        The log never stores one; a hand-built or imported sequence might. ``what``
+        names the event when its type may not be the row's (a lifted v1 row).
         """
         for shard in shards:
             problem = shard_outside(shard, len(self.shards))
             if problem is not None:
-                raise ProjectionError(f"run {self.run!r} seq {seq}: {event.type}: {problem}")
+                raise ProjectionError(
+                    f"run {self.run!r} seq {seq}: {what or event.type}: {problem}"
+                )
 
     def _signal(self, shard: int, signal: Signal) -> list[Transition]:
         problem = shard_outside(shard, len(self.shards))
@@ -333,7 +338,8 @@ class FleetView:
                     return []
             elif all_healthy_probes_ok(self.shards, ok, at):
                 return []
-        self._check_shards(seq, e, e.shards_named())
+        # Worded for either row it may be: a round, or a v1 per-shard probe lifted to one.
+        self._check_shards(seq, e, e.shards_named(), what="probe result")
         results: list[tuple[int, Signal | None]] = [(shard, None) for shard in ok]
         for f in e.failed:
             text = f"{f.kind}: {f.error}" if f.error else f.kind
