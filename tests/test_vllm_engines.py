@@ -516,17 +516,23 @@ def test_the_router_passes_engine_answers_through_and_cuts_a_killed_stream(
         assert failed, "the cut stream was not recorded as shard 1's failure"
         # The router tries it again only once the ledger has folded that failure and
         # still shows it serving; each later failure is reported too, until the reported
-        # streak condemns it — then nothing is left, and the router says so.
+        # streak condemns it — then nothing is left, and the router says so. Until the
+        # router has read its own report back, shard 1 is avoided and nothing is
+        # routable either (the no-healthy status while the ledger says SUSPECT): how
+        # often that is seen depends on the machine's load, so only a no-healthy answer
+        # with shard 1 DEAD ends the loop.
         statuses = []
-        while len(statuses) < 10:
+        while len(statuses) < 30:
             answer = httpx.post(f"{router.url}/completions", json=ask, timeout=60)
             statuses.append(answer.status_code)
             if answer.status_code == 409:
                 assert "error" in answer.json()
-                break
+                ledger.catch_up()
+                if ledger.view.state_of(1) is ShardState.DEAD:
+                    break
             time.sleep(0.3)  # a window (0.2 s) and a poll (0.1 s) later
-        assert statuses[-1] == 409 and set(statuses[:-1]) <= {500}
-        assert len(statuses) - 1 < 3  # the cut stream was the first of the threshold's 3
+        assert statuses[-1] == 409 and set(statuses) <= {500, 409}
+        assert statuses.count(500) < 3  # the cut stream was the first of the threshold's 3
         ledger.catch_up()
         assert ledger.view.state_of(1) is ShardState.DEAD
     finally:
