@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_ledger import (
     DEFAULT_DB_DIR,
     RUN,
+    bench_db_dir,
     build_replay_db,
     cached_head,
     line,
@@ -319,13 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile-lines", type=int, default=30)
     args = parser.parse_args(argv)
 
-    db_dir = Path(args.db_dir)
-    db_dir.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()
-    print(
-        f"fleetledger forensics bench: python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, db dir {db_dir}"
-    )
+    db_dir = bench_db_dir("fleetledger forensics bench", args.db_dir)
     path = ensure_run(db_dir, args.events, args.shards, args.seed)
     head = ensure_snapshots(path)
     bench_replay(path, head, args.repeat)

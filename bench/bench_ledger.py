@@ -711,6 +711,19 @@ def insert_as_older_ledger(log: EventLog, first_seq: int, batch: Sequence[Event]
         conn.execute(insert(events_table), rows)
 
 
+def bench_db_dir(title: str, path: str) -> Path:
+    """The bench's database directory, created; the header every bench prints first (the
+    interpreter, the cores and the load its figures were measured under)."""
+    db_dir = Path(path)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(
+        f"{title}: python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, db dir {db_dir}"
+    )
+    return db_dir
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     value = fn()
@@ -998,13 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.events < 20_000:
         parser.error("--events must be at least 20,000 (the snapshots sit 11,099 before the head)")
 
-    db_dir = Path(args.db_dir)
-    db_dir.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()
-    print(
-        f"fleetledger bench: python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, db dir {db_dir}"
-    )
+    db_dir = bench_db_dir("fleetledger bench", args.db_dir)
     print("Figures from a shared 2-core machine: expect ±10–20 % between runs.")
 
     bench_single(db_dir, args.single, args.shards, args.seed)

@@ -54,6 +54,7 @@ from bench_forensics import NullSink, cli
 from bench_ledger import (
     DEFAULT_DB_DIR,
     RUN,
+    bench_db_dir,
     build_replay_db,
     cached_head,
     generate,
@@ -506,13 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=300, help="batches of 100 per side")
     parser.add_argument("--skip-week", action="store_true")
     args = parser.parse_args(argv)
-    db_dir = Path(args.db_dir)
-    db_dir.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()
-    print(
-        f"fleetledger bench_scale: python {sys.version.split()[0]}, {os.cpu_count()} cpus, "
-        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, db dir {db_dir}"
-    )
+    db_dir = bench_db_dir("fleetledger bench_scale", args.db_dir)
     bench_imported(db_dir, args.events, args.repeat, args.samples)
     bench_startup(db_dir)
     bench_batches(db_dir, args.batches)

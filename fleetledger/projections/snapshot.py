@@ -13,7 +13,7 @@ snapshot has neither, and its absent generation could not be recovered from it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from fleetledger.events.models import Event, FleetConfig, ProbeRound, RecordedEvent
@@ -25,6 +25,7 @@ from fleetledger.projections.fleet_view import (
     RefitAbort,
     Refusal,
     RunEnd,
+    fold_pages,
 )
 from fleetledger.projections.shard_states import ShardRecord, ShardState
 
@@ -58,28 +59,36 @@ def fold_with_snapshots(
     stores the snapshots; this folds and serialises, nothing more.
     """
     view: FleetView | None = None
-    events = results = 0
-    for page in pages:
-        if not page:
-            continue
-        if view is None:
-            view = FleetView.start(page[0])
-            page = page[1:]
-        start = 0
-        for index, recorded in enumerate(page):
-            events += 1
-            results += results_in(recorded.event)
-            if events >= every_events or results >= every_results:
-                for _ in view.apply_page(page[start : index + 1]):
-                    pass
-                start = index + 1
-                on_snapshot(view.seq, to_snapshot(view))
-                events = results = 0
-        for _ in view.apply_page(page[start:]):
-            pass
+    for chunk, due in _snapshot_chunks(pages, every_events, every_results):
+        view = fold_pages([chunk], into=view)
+        if due:
+            on_snapshot(view.seq, to_snapshot(view))
     if view is None:
         raise ProjectionError("nothing to fold: a run needs at least its run_started event")
     return view
+
+
+def _snapshot_chunks(
+    pages: Iterable[Sequence[RecordedEvent]], every_events: int, every_results: int
+) -> Iterator[tuple[Sequence[RecordedEvent], bool]]:
+    """The run's pages cut where a snapshot is due: (events, due after them). The run's
+    first event (``run_started``) starts the view and counts toward no cadence."""
+    events = results = 0
+    first = True
+    for page in pages:
+        start = 0
+        for index, recorded in enumerate(page):
+            if first:
+                first = False
+                continue
+            events += 1
+            results += results_in(recorded.event)
+            if events >= every_events or results >= every_results:
+                yield page[start : index + 1], True
+                start = index + 1
+                events = results = 0
+        if start < len(page):
+            yield page[start:], False
 
 
 _SHARD_FIELDS = tuple(ShardRecord.__slots__)  # type: ignore[attr-defined]
