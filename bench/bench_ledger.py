@@ -54,7 +54,6 @@ from sqlalchemy import (
     insert,
     select,
 )
-from sqlalchemy.engine import make_url
 
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
@@ -81,7 +80,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.events.schema import events as events_table
 from fleetledger.events.schema import metadata, runs, snapshots
-from fleetledger.events.sqlite_file import sqlite_engine, use_wal
+from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
@@ -354,7 +353,7 @@ def raw_engine(path: Path) -> Engine:
     and ``BEGIN IMMEDIATE`` for every transaction (the raw side only writes).
     """
     # The package's own engine factory: the same durability by construction, not by copy.
-    engine = sqlite_engine(make_url(sqlite_url(path)))
+    engine = sqlite_engine(path, {})
     use_wal(engine)
 
     # The very same table definitions the package's schema module describes (the events

@@ -634,7 +634,7 @@ CASES: list[Case] = [
         "append_to_read_only_ledger",
         lambda c: append(c.ro_url, "r1", lambda: [probe_ok(0)]),
         LedgerWriteError,
-        ("write failed (the ledger is read-only)", "readonly database"),
+        ("write failed (the ledger is read-only)", "opened read-only, nothing was written"),
     ),
     # ── events already stored that this fleetledger cannot read ──
     Case(

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import event as sa_event
 
 from fleetledger.controller.demo import run_demo
 from fleetledger.controller.ledger import Ledger, ProbeResult
@@ -489,12 +488,7 @@ def test_seq_at_bisects_with_a_logarithmic_number_of_point_lookups(sqlite_url: s
         write_random_run(log, "long", seed=11, steps=400, snapshot_every=10_000)
         times = [r.at_us for r in log.read("long")]
         statements: list[str] = []
-        log.database.engine.dispose()  # new connections get the trace callback below
-        sa_event.listen(
-            log.database.engine,
-            "connect",
-            lambda dbapi_conn, _record: dbapi_conn.set_trace_callback(statements.append),
-        )
+        log.database.reads.configure(lambda conn: conn.set_trace_callback(statements.append))
         bound = math.ceil(math.log2(len(times))) + 1
         for at in (times[0], times[len(times) // 3], times[-2], times[-1] - 1):
             statements.clear()

@@ -49,14 +49,12 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
-
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fleetledger.events.db_urls import (
+    LedgerUrl,
     display_url_of,
     parse_db_url,
     resolve_db_url,
@@ -65,9 +63,10 @@ from fleetledger.events.db_urls import (
 from fleetledger.events.errors import (
     LedgerNotWritable,
     LedgerOpenError,
+    LedgerWriteError,
     first_line,
 )
-from fleetledger.events.postgres_session import postgres_engine, waited_too_long
+from fleetledger.events.postgres_session import waited_too_long
 from fleetledger.events.revisions import (
     check_known,
     check_readable,
@@ -75,21 +74,22 @@ from fleetledger.events.revisions import (
     migration_required,
     refuse_foreign,
     schema_state,
-    upgrade,
 )
 from fleetledger.events.sqlite_file import (
+    SqliteReads,
     check_readable_file,
     open_keeper,
     params_read_only,
     plan_sqlite_read,
     prepare_sqlite_file,
-    sqlite_engine,
-    sqlite_engine_url,
     sqlite_params,
     sqlite_path,
-    use_wal,
 )
+from fleetledger.events.statements import Statements
 from fleetledger.logs import get_logger
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
 
 OpenMode = Literal["read", "write"]
 
@@ -97,19 +97,33 @@ OpenMode = Literal["read", "write"]
 _log = get_logger("fleetledger.database")  # structlog is loaded on the first warning
 
 
+class Reads(Protocol):
+    """Where a database's reads connect: a driver connection per read, in one
+    transaction, and the driver errors a read can raise."""
+
+    errors: tuple[type[BaseException], ...]
+
+    def reading(self) -> AbstractContextManager[Any]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Database:
-    """An engine bound to a ledger whose schema this code can use.
+    """A ledger database whose schema this code can use: where its reads connect, and
+    the SQLAlchemy engine its writes go through (none on a SQLite read open, which runs
+    on the standard library's driver alone).
 
     Write opens are at this code's head revision; a read open may be at an older
     revision the read path can still query (``revision``).
     """
 
-    engine: Engine
-    url: URL
+    url: LedgerUrl
     backend: str  # "sqlite" | "postgresql"
-    upgraded_from: str | None  # the revision an automatic upgrade started from
-    created: bool  # the schema was created by this open
+    reads: Reads
+    engine: Engine | None
+    upgraded_from: str | None = None  # the revision an automatic upgrade started from
+    created: bool = False  # the schema was created by this open
     read_only: bool = False  # opened to read (mode="read", or a mode=ro SQLite URL)
     revision: str | None = None  # the schema revision found (after any upgrade)
     # SQLite read opens only: the connection that removes the -wal/-shm when it closes.
@@ -123,21 +137,39 @@ class Database:
         """Driver text with this URL's password, should it appear, replaced by ***."""
         return scrub_password(text, self.url.password)
 
+    def statements(self) -> Statements:
+        """This backend's SQL (SQLite's as text; PostgreSQL's compiled at open)."""
+        if self.backend == "sqlite":
+            from fleetledger.events.sqlite_statements import SQLITE_STATEMENTS
+
+            return SQLITE_STATEMENTS
+        from fleetledger.events.core_statements import compile_statements
+
+        assert self.engine is not None
+        return compile_statements(self.engine.dialect)
+
     def write_connection(self) -> Connection:
         """A connection whose transactions take the write lock when they begin."""
+        if self.engine is None:
+            raise LedgerWriteError(
+                f"{self.display_url}: write failed (the ledger is read-only): it was opened "
+                "read-only, nothing was written"
+            )
         return self.engine.connect().execution_options(fleetledger_write=True)
 
     def dispose(self) -> None:
-        self.engine.dispose()
+        if self.engine is not None:
+            self.engine.dispose()
+        self.reads.close()
         keeper, self.keeper = self.keeper, None
         if keeper is not None:  # last: it removes the index files the readers used
             keeper.close()
 
 
-def _connect_error(url: URL, exc: BaseException) -> LedgerOpenError:
+def _connect_error(url: LedgerUrl, exc: BaseException) -> LedgerOpenError:
     detail = scrub_password(first_line(exc), url.password)
     lowered = detail.lower()
-    if url.get_backend_name() == "sqlite":
+    if url.backend == "sqlite":
         path = sqlite_path(url)
         if "unable to open" in lowered:
             return LedgerOpenError(
@@ -165,57 +197,74 @@ def _connect_error(url: URL, exc: BaseException) -> LedgerOpenError:
 def open_database(url: str | None = None, *, mode: OpenMode = "write") -> Database:
     """Open the ledger at ``url`` to read, or to write (a SQLite one created or upgraded)."""
     parsed = parse_db_url(resolve_db_url(url))
-    if parsed.get_backend_name() == "sqlite":
-        return _open_sqlite(parsed, mode)
+    if parsed.backend == "sqlite":
+        params = sqlite_params(parsed)
+        if mode == "read" or params_read_only(params):
+            return _open_sqlite_read(parsed, params)
+        return _open_sqlite_write(parsed, params)
     return _open_postgres(parsed, mode)
 
 
 @contextmanager
-def _refused_disposes(database: Database, parsed: URL) -> Iterator[None]:
-    """A refused open leaves no engine, pool or keeper behind, and a driver's error is
-    told as the ledger's (one line naming it)."""
+def _refused_disposes(database: Database, *driver_errors: type[BaseException]) -> Iterator[None]:
+    """A refused open leaves no engine, pool or keeper behind, and a driver's error (one
+    of ``driver_errors``, by default those its reads raise) is told as the ledger's: one
+    line naming it."""
+    errors = driver_errors or database.reads.errors
     try:
         yield
-    except (DBAPIError, LedgerOpenError) as exc:
+    except (LedgerOpenError, *errors) as exc:
         database.dispose()
-        if isinstance(exc, DBAPIError):
-            raise _connect_error(parsed, exc) from None
-        raise
+        if isinstance(exc, LedgerOpenError):
+            raise
+        raise _connect_error(database.url, exc) from None
 
 
-def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
+def _open_sqlite_read(parsed: LedgerUrl, params: dict[str, str]) -> Database:
+    """A read open: no engine, no SQLAlchemy (see ``sqlite_file.SqliteReads``)."""
     path = sqlite_path(parsed)
-    params = sqlite_params(parsed)
-    read_only = mode == "read" or params_read_only(params)
-    keeper = None
-    if read_only:
-        check_readable_file(path)
-        params, wants_keeper = plan_sqlite_read(path, params)
-        try:
-            keeper = open_keeper(path) if wants_keeper else None
-        except sqlite3.Error as exc:
-            raise _connect_error(parsed, exc) from None
-    else:
-        prepare_sqlite_file(path, params)
-    engine = sqlite_engine(sqlite_engine_url(path, params))
-    database = Database(engine, parsed, "sqlite", None, False, read_only, None, keeper)
+    check_readable_file(path)
+    params, wants_keeper = plan_sqlite_read(path, params)
+    try:
+        keeper = open_keeper(path) if wants_keeper else None
+    except sqlite3.Error as exc:
+        raise _connect_error(parsed, exc) from None
+    database = Database(parsed, "sqlite", SqliteReads(path, params), None, read_only=True)
+    database.keeper = keeper
+    with _refused_disposes(database):
+        with database.reads.reading() as conn:
+            state = schema_state(conn, "sqlite")
+        check_known(state.revision, database.display_url)
+        check_readable(state, database.display_url, "sqlite")
+        database.revision = state.revision
+    return database
+
+
+def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
+    from sqlalchemy.exc import DBAPIError
+
+    from fleetledger.events.revisions import upgrade
+    from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
+
+    path = sqlite_path(parsed)
+    prepare_sqlite_file(path, params)
+    engine = sqlite_engine(path, params)
+    database = Database(parsed, "sqlite", SqliteReads(path, params), engine)
     where = database.display_url
     head = head_revision()
-    with _refused_disposes(database, parsed):
+    with _refused_disposes(database, sqlite3.Error, DBAPIError):
         with engine.connect() as conn:
-            state = schema_state(conn)
+            state = schema_state(conn.connection.driver_connection, "sqlite")
             conn.rollback()
         check_known(state.revision, where)
         database.revision = state.revision
-        if read_only:
-            check_readable(state, where, "sqlite")
-        elif state.revision != head:
+        if state.revision != head:
             refuse_foreign(state, where)
             use_wal(engine)  # before the first schema write
             # Re-check under the write lock: another process may be creating it right now.
             with engine.connect().execution_options(fleetledger_write=True) as conn:
                 with conn.begin():
-                    locked = schema_state(conn)
+                    locked = schema_state(conn.connection.driver_connection, "sqlite")
                     check_known(locked.revision, where)
                     if locked.revision != head:
                         upgrade(conn)
@@ -234,15 +283,16 @@ def _open_sqlite(parsed: URL, mode: OpenMode) -> Database:
     return database
 
 
-def _open_postgres(parsed: URL, mode: OpenMode) -> Database:
+def _open_postgres(parsed: LedgerUrl, mode: OpenMode) -> Database:
+    from fleetledger.events.postgres_session import PostgresReads, postgres_engine
+
     read_only = mode == "read"
     engine = postgres_engine(parsed, read_only=read_only)
-    database = Database(engine, parsed, "postgresql", None, False, read_only)
+    database = Database(parsed, "postgresql", PostgresReads(engine), engine, read_only=read_only)
     where = database.display_url
-    with _refused_disposes(database, parsed):
-        with engine.connect() as conn:
-            state = schema_state(conn)
-            conn.rollback()
+    with _refused_disposes(database):
+        with database.reads.reading() as conn:
+            state = schema_state(conn, "postgresql")
         check_known(state.revision, where)
         if read_only:
             check_readable(state, where, "postgresql")
@@ -262,10 +312,15 @@ def migrate(
     is a file of its own).
     """
     from alembic.util.exc import CommandError  # migrating is the one place alembic runs
+    from sqlalchemy.exc import DBAPIError
+
+    from fleetledger.events.postgres_session import postgres_engine
+    from fleetledger.events.revisions import upgrade
+    from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
 
     parsed = parse_db_url(resolve_db_url(url))
     where = display_url_of(parsed)
-    sqlite = parsed.get_backend_name() == "sqlite"
+    sqlite = parsed.backend == "sqlite"
     if sqlite:
         path = sqlite_path(parsed)
         params = sqlite_params(parsed)
@@ -275,20 +330,20 @@ def migrate(
                 "migrating writes to it"
             )
         prepare_sqlite_file(path, params)
-        engine = sqlite_engine(sqlite_engine_url(path, params))
+        engine = sqlite_engine(path, params)
     else:
         engine = postgres_engine(parsed, read_only=False)
     try:
         if sqlite:  # refuse before the first write, which use_wal is
             with engine.connect() as conn:
-                state = schema_state(conn)
+                state = schema_state(conn.connection.driver_connection, "sqlite")
                 conn.rollback()
             check_known(state.revision, where)
             refuse_foreign(state, where)
             use_wal(engine)
         with engine.connect().execution_options(fleetledger_write=True) as conn:
             with conn.begin():
-                state = schema_state(conn)
+                state = schema_state(conn.connection.driver_connection, parsed.backend)
                 check_known(state.revision, where)
                 if sqlite:
                     refuse_foreign(state, where)

@@ -97,3 +97,10 @@ class ImportFileError(LedgerError):
         super().__init__(f"line {line}: {problem}")
         self.line = line
         self.problem = problem
+
+
+class RetryWithLookups(Exception):
+    """The fast path met an already-stored id or a racing run start: redo with lookups.
+
+    Internal to the log: it never leaves ``EventLog``.
+    """

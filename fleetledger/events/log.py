@@ -1,4 +1,4 @@
-"""The durable, ordered event log of every run, over SQLAlchemy Core.
+"""The durable, ordered event log of every run, in SQLite or PostgreSQL.
 
 Guarantees, and how each is kept:
 
@@ -20,18 +20,20 @@ Guarantees, and how each is kept:
 - **Nothing invalid is written.** A batch is checked whole before its first insert: the
   run must exist (or the batch must start it), shards must be in range, nothing may
   follow ``run_ended``. A refused batch leaves the log unchanged.
+
+Every statement runs on the driver's cursor (``statements``); SQLAlchemy holds the
+write transactions and PostgreSQL's pool, and is imported only by an open that has an
+engine: a read of a SQLite ledger never loads it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple, TypeVar
-
-from sqlalchemy import Connection, func, insert, select
-from sqlalchemy.exc import DBAPIError
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.batch_rules import check_batch, refuse_ids
@@ -44,6 +46,7 @@ from fleetledger.events.errors import (
     LedgerError,
     LedgerReadError,
     LedgerWriteError,
+    RetryWithLookups,
     UnknownRun,
     first_line,
 )
@@ -56,20 +59,27 @@ from fleetledger.events.models import (
     iso_at,
 )
 from fleetledger.events.records import ImportRow, RunHead, RunSummary, check_run_id
-from fleetledger.events.schema import events, runs, snapshots
 from fleetledger.events.statements import (
     DriverStatement,
-    Statements,
     driver_cursor,
+    execute,
+    fetch_all,
     fetch_one,
 )
-from fleetledger.events.write_connections import RetryWithLookups, WriteConnections
+
+if TYPE_CHECKING:
+    from fleetledger.events.write_connections import WriteConnections
+
+# A connection of the database's driver (sqlite3, psycopg): every statement runs on one.
+Conn = Any
 
 T = TypeVar("T")
 READ_PAGE = 20_000
 # Ids looked up per IN (...): well under SQLite's and PostgreSQL's bind-parameter limits.
 LOOKUP_CHUNK = 10_000
 RUN_ENDED = RunEnded.model_fields["type"].default
+# Above every seq: a BIGINT's largest value.
+SEQ_LIMIT = 2**63 - 1
 
 
 def wall_clock_us() -> int:
@@ -105,7 +115,7 @@ class EventLog:
         self.codec = codec or EventCodec()
         self._clock_us = clock_us
         self._configs: dict[str, FleetConfig] = {}
-        self._sql = Statements(database.engine.dialect)
+        self._sql = database.statements()
         # ``EventCodec.encode`` for each registered class, looked up once per event.
         self._by_class = {
             cls: (name, cls.SCHEMA_VERSION, cls.__pydantic_serializer__)
@@ -113,7 +123,13 @@ class EventLog:
         }
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
-        self._writes = WriteConnections(database)
+
+    @functools.cached_property
+    def _writes(self) -> WriteConnections:
+        """Built by the first write: a log that only reads never imports SQLAlchemy."""
+        from fleetledger.events.write_connections import WriteConnections
+
+        return WriteConnections(self.database)
 
     @classmethod
     def open(cls, url: str | None = None, *, mode: OpenMode = "write", **kwargs: Any) -> EventLog:
@@ -122,7 +138,9 @@ class EventLog:
         return cls(open_database(url, mode=mode), **kwargs)
 
     def close(self) -> None:
-        self._writes.close()
+        writes = self.__dict__.get("_writes")
+        if writes is not None:
+            writes.close()
         self.database.dispose()
 
     def __enter__(self) -> EventLog:
@@ -223,7 +241,7 @@ class EventLog:
             refuse_ids(run, [e.event for e in out])
         return out
 
-    def _cached_head(self, conn: Connection, run: str) -> _Head | None:
+    def _cached_head(self, conn: Conn, run: str) -> _Head | None:
         """The head this log last wrote to ``run``, with the run locked (PostgreSQL)."""
         head = self._heads.get(run)
         if head is None:
@@ -232,7 +250,7 @@ class EventLog:
             fetch_one(conn, self._sql.lock_run, run=run)
         return head
 
-    def _head(self, conn: Connection, run: str, *, lock: bool) -> _Head | None:
+    def _head(self, conn: Conn, run: str, *, lock: bool) -> _Head | None:
         """The run's last event (None: no such run); with ``lock``, own the run's appends."""
         if lock and self._sql.lock_run is not None:
             if fetch_one(conn, self._sql.lock_run, run=run) is None:
@@ -240,13 +258,13 @@ class EventLog:
         row = fetch_one(conn, self._sql.last_event, run=run)
         return None if row is None else _Head(row[0], row[1], row[2] == RUN_ENDED)
 
-    def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+    def _insert_events(self, conn: Conn, rows: list[tuple[Any, ...]]) -> None:
         """Rows in ``INSERT_COLUMNS`` order, straight to the driver (one executemany)."""
         with driver_cursor(conn) as cursor:
             cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
 
     def _append_in(
-        self, conn: Connection, run: str, encoded: list[_Encoded], *, lookup: bool
+        self, conn: Conn, run: str, encoded: list[_Encoded], *, lookup: bool
     ) -> tuple[list[int], _Head | None]:
         """Returns the seqs, and the run's new head if anything was written."""
         head = self._cached_head(conn, run) if not lookup else None
@@ -276,7 +294,7 @@ class EventLog:
             for i, e in enumerate(fresh)
         ]
         if head is None:
-            conn.execute(insert(runs).values(run_id=run, started_at_us=now))
+            execute(conn, self._sql.insert_run, run=run, at_us=now)
         self._insert_events(conn, rows)
         last = first + len(fresh) - 1
         new_head = _Head(last, now, isinstance(fresh[-1].event, RunEnded))
@@ -285,19 +303,20 @@ class EventLog:
         assigned = {e.event.id: first + i for i, e in enumerate(fresh)}
         return [stored.get(e.event.id) or assigned[e.event.id] for e in encoded], new_head
 
-    def _stored_seqs(self, conn: Connection, run: str, encoded: list[_Encoded]) -> dict[str, int]:
+    def _stored_seqs(self, conn: Conn, run: str, encoded: list[_Encoded]) -> dict[str, int]:
         """The seq of each id of the batch the run already holds (a retry's events).
 
         An id held as another event (another type, another payload) is refused, naming
         the id and its seq: returning that seq would tell the caller its event is stored.
         """
         index = {e.event.id: i for i, e in enumerate(encoded)}
-        ids, c, stored = list(index), events.c, {}
+        ids, stored = list(index), {}
         for at in range(0, len(ids), LOOKUP_CHUNK):
-            query = select(c.event_id, c.seq, c.type, c.schema_version, c.payload).where(
-                c.run_id == run, c.event_id.in_(ids[at : at + LOOKUP_CHUNK])
-            )
-            for event_id, seq, type_, version, payload in conn.execute(query):
+            sql, params = self._sql.stored_ids.bound(ids[at : at + LOOKUP_CHUNK], run=run)
+            with driver_cursor(conn) as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+            for event_id, seq, type_, version, payload in rows:
                 i = index[event_id]
                 differs = self.codec.difference(run, seq, type_, version, payload, encoded[i].event)
                 if differs is not None:
@@ -305,7 +324,7 @@ class EventLog:
                 stored[event_id] = seq
         return stored
 
-    def _config_in(self, conn: Connection, run: str) -> FleetConfig:
+    def _config_in(self, conn: Conn, run: str) -> FleetConfig:
         config = self._configs.get(run)
         if config is None:
             row = fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
@@ -321,13 +340,14 @@ class EventLog:
     # ── read ─────────────────────────────────────────────────────────────────
 
     @contextmanager
-    def _reading(self) -> Iterator[Connection]:
-        """A read connection whose database errors name the ledger, not SQL."""
-        dbapi = self.database.engine.dialect.loaded_dbapi
+    def _reading(self) -> Iterator[Conn]:
+        """A read's driver connection (one transaction), whose database errors name the
+        ledger, not SQL."""
+        reads = self.database.reads
         try:
-            with self.database.engine.connect() as conn:
+            with reads.reading() as conn:
                 yield conn
-        except (DBAPIError, dbapi.Error) as exc:
+        except reads.errors as exc:
             detail = self.database.scrub(first_line(exc))
             lowered = detail.lower()
             problem = waited_too_long(detail)
@@ -355,10 +375,10 @@ class EventLog:
         with self._reading() as conn:
             return self._require_run(conn, run).seq
 
-    def _require_run(self, conn: Connection, run: str) -> _Head:
+    def _require_run(self, conn: Conn, run: str) -> _Head:
         head = self._head(conn, run, lock=False)
         if head is None:
-            known = conn.execute(select(runs.c.run_id).order_by(runs.c.run_id).limit(20)).scalars()
+            known = [name for (name,) in fetch_all(conn, self._sql.run_names)]
             listed = ", ".join(known) or "none"
             raise UnknownRun(run, f"no run {run!r} in {self.database.display_url} (runs: {listed})")
         return head
@@ -382,7 +402,6 @@ class EventLog:
         if to_seq is None:
             with self._reading() as conn:
                 last = self._require_run(conn, run).seq
-                conn.rollback()
         else:
             last = to_seq
         lo = after_seq
@@ -493,19 +512,13 @@ class EventLog:
     def event_ids(self, run: str) -> dict[int, str]:
         with self._reading() as conn:
             self._require_run(conn, run)
-            rows = conn.execute(
-                select(events.c.seq, events.c.event_id).where(events.c.run_id == run)
-            ).all()
+            rows = fetch_all(conn, self._sql.event_ids, run=run)
         return dict(rows)
 
     def runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its head (one index lookup per run)."""
         with self._reading() as conn:
-            listed = conn.execute(
-                select(runs.c.run_id, runs.c.started_at_us).order_by(
-                    runs.c.started_at_us, runs.c.run_id
-                )
-            ).all()
+            listed = fetch_all(conn, self._sql.run_list)
             out = []
             for run_id, started_at_us in listed:
                 head = self._head(conn, run_id, lock=False)
@@ -516,7 +529,7 @@ class EventLog:
 
     def count_events(self) -> int:
         with self._reading() as conn:
-            return int(conn.execute(select(func.count()).select_from(events)).scalar_one())
+            return int(fetch_one(conn, self._sql.count_events)[0])
 
     # ── import ───────────────────────────────────────────────────────────────
 
@@ -526,12 +539,12 @@ class EventLog:
         if not rows:
             raise AppendRejected(run, "nothing to import")
 
-        def body(conn: Connection) -> list[int]:
+        def body(conn: Conn) -> list[int]:
             if self._head(conn, run, lock=True) is not None:
                 raise AppendRejected(
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
-            conn.execute(insert(runs).values(run_id=run, started_at_us=rows[0].at_us))
+            execute(conn, self._sql.insert_run, run=run, at_us=rows[0].at_us)
             # A page at a time: the driver's parameters for a whole run would double the
             # memory an import at its size limit holds (docs/events.md, Limits).
             values = (
@@ -551,23 +564,15 @@ class EventLog:
     # ── snapshots ────────────────────────────────────────────────────────────
 
     def save_snapshot(self, run: str, projection_version: int, seq: int, payload: str) -> None:
-        def body(conn: Connection) -> list[int]:
+        sql = self._sql
+
+        def body(conn: Conn) -> list[int]:
             head = self._head(conn, run, lock=True)
             if head is None or seq > head.seq or seq < 1:
                 raise AppendRejected(run, f"cannot snapshot at seq {seq}: not in the log")
-            exists = conn.execute(
-                select(snapshots.c.seq).where(
-                    snapshots.c.run_id == run,
-                    snapshots.c.projection_version == projection_version,
-                    snapshots.c.seq == seq,
-                )
-            ).first()
-            if exists is None:
-                conn.execute(
-                    insert(snapshots).values(
-                        run_id=run, projection_version=projection_version, seq=seq, payload=payload
-                    )
-                )
+            key = {"run": run, "version": projection_version, "seq": seq}
+            if fetch_one(conn, sql.snapshot_exists, **key) is None:
+                execute(conn, sql.insert_snapshot, **key, payload=payload)
             return []
 
         try:
@@ -579,11 +584,9 @@ class EventLog:
         self, run: str, projection_version: int, at_most_seq: int | None = None
     ) -> tuple[int, str] | None:
         """The newest snapshot of this projection version at or before ``at_most_seq``."""
-        query = select(snapshots.c.seq, snapshots.c.payload).where(
-            snapshots.c.run_id == run, snapshots.c.projection_version == projection_version
-        )
-        if at_most_seq is not None:
-            query = query.where(snapshots.c.seq <= at_most_seq)
+        at_most = SEQ_LIMIT if at_most_seq is None else at_most_seq
         with self._reading() as conn:
-            row = conn.execute(query.order_by(snapshots.c.seq.desc()).limit(1)).first()
-        return None if row is None else (row.seq, row.payload)
+            row = fetch_one(
+                conn, self._sql.load_snapshot, run=run, version=projection_version, at_most=at_most
+            )
+        return None if row is None else (row[0], row[1])

@@ -1,15 +1,17 @@
-"""A PostgreSQL ledger's sessions: bounded waits, read-only sessions for read opens."""
+"""A PostgreSQL ledger's sessions: bounded waits, read-only sessions for read opens, and
+the engine every connection goes through (SQLAlchemy, imported when one is built)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import create_engine
-from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import NoSuchModuleError
-
-from fleetledger.events.db_urls import query_params
+from fleetledger.events.db_urls import LedgerUrl, query_params
 from fleetledger.events.errors import LedgerOpenError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 # PostgreSQL: a server that accepts and never answers, or a writer frozen inside its
 # transaction, must cost a bounded wait and one clear line, never a hung command. Each
@@ -25,7 +27,7 @@ def pg_option_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace(" ", "\\ ")
 
 
-def postgres_connect(url: URL, *, read_only: bool) -> tuple[URL, dict[str, Any]]:
+def postgres_connect(url: LedgerUrl, *, read_only: bool) -> tuple[LedgerUrl, dict[str, Any]]:
     """The driver URL and connect arguments: bounded times, and read-only for reads.
 
     The URL's own settings win: ``connect_timeout`` is libpq's; ``lock_timeout`` and
@@ -46,20 +48,45 @@ def postgres_connect(url: URL, *, read_only: bool) -> tuple[URL, dict[str, Any]]
     connect_args: dict[str, Any] = {"options": " ".join(options)}
     if "connect_timeout" not in query:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    return url.set(query=query), connect_args
+    return url.replace(query=query), connect_args
 
 
-def postgres_engine(url: URL, *, read_only: bool) -> Engine:
+def postgres_engine(url: LedgerUrl, *, read_only: bool) -> Engine:
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import NoSuchModuleError
+
     driver_url, connect_args = postgres_connect(url, read_only=read_only)
     try:
-        return create_engine(driver_url, pool_pre_ping=True, connect_args=connect_args)
+        return create_engine(driver_url.sqlalchemy(), pool_pre_ping=True, connect_args=connect_args)
     except (NoSuchModuleError, ModuleNotFoundError):
         raise LedgerOpenError(
             "the PostgreSQL driver is not installed: pip install 'fleetledger[postgres]'"
         ) from None
 
 
-def waited_too_long(detail: str, url: URL | None = None) -> str | None:
+class PostgresReads:
+    """Reads through the engine's pool: each read is a pooled connection's own driver
+    connection, in the transaction psycopg begins, rolled back when it is returned."""
+
+    def __init__(self, engine: Engine) -> None:
+        from sqlalchemy.exc import DBAPIError
+
+        self._engine = engine
+        self.errors: tuple[type[BaseException], ...] = (
+            DBAPIError,
+            engine.dialect.loaded_dbapi.Error,
+        )
+
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        with self._engine.connect() as conn:
+            yield conn.connection.driver_connection
+
+    def close(self) -> None:
+        """The engine's pool is closed with the engine."""
+
+
+def waited_too_long(detail: str, url: LedgerUrl | None = None) -> str | None:
     """What a driver error says about a bounded wait running out, in words; else None."""
     lowered = detail.lower()
     if "timeout expired" in lowered:

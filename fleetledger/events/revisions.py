@@ -5,19 +5,18 @@ Alembic is imported only where a migration can happen (:func:`upgrade`,
 :func:`alembic_config`): importing it cost a read command 170 ms of its start-up for a
 migration it never runs. What every open needs — the revisions this code knows, and the
 one a database is at — is data here (``REVISIONS``, held to the migration scripts by
-a test) and one query of Alembic's version table.
+a test) and two queries on the driver: the tables there are, and the revision in
+Alembic's version table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from sqlalchemy import inspect, text
-from sqlalchemy.engine import Connection
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from alembic.config import Config
+    from sqlalchemy.engine import Connection
 
 from fleetledger.events.errors import (
     LedgerOpenError,
@@ -72,12 +71,30 @@ class SchemaState:
     foreign_tables: tuple[str, ...]  # tables that are not fleetledger's
 
 
-def schema_state(conn: Connection) -> SchemaState:
-    tables = inspect(conn).get_table_names()
-    revision = None
-    if VERSION_TABLE in tables:
-        # Alembic's version table: one row (none before the first revision completes).
-        revision = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+# The tables of a database, as SQLAlchemy's inspector lists them: SQLite's own
+# (sqlite_sequence, ...) left out; on PostgreSQL, the tables of the session's schema.
+_TABLES = {
+    "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite~_%' "
+    "ESCAPE '~'",
+    "postgresql": "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+    "ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')",
+}
+
+
+def schema_state(conn: Any, backend: str) -> SchemaState:
+    """What schema the database behind the driver connection ``conn`` holds."""
+    cursor = conn.cursor()
+    try:
+        cursor.execute(_TABLES[backend])
+        tables = {name for (name,) in cursor.fetchall()}
+        revision = None
+        if VERSION_TABLE in tables:
+            # Alembic's version table: one row (none before the first revision completes).
+            cursor.execute(f"SELECT version_num FROM {VERSION_TABLE}")
+            row = cursor.fetchone()
+            revision = None if row is None else row[0]
+    finally:
+        cursor.close()
     foreign = tuple(sorted(t for t in tables if not t.startswith(LEDGER_TABLE_PREFIX)))
     return SchemaState(revision, foreign)
 

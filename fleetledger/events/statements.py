@@ -1,107 +1,92 @@
-"""The log's hot-path SQL: Core statements compiled once per dialect, run on the driver.
+"""The log's SQL as the driver runs it: each statement's text and parameter order.
 
-Appending and replaying are the log's hot paths, and per execution Core spends more
-time building parameters and ``Row`` objects than SQLite spends on the statement (a
-replay read 3.1 µs/row through Core, 1.0 µs/row this way). The SQL is still Core's:
-compiled from the table objects, in the dialect's own parameter style.
+Every statement of the log runs on the driver's own cursor. Per execution, Core spends
+more time building parameters and ``Row`` objects than SQLite spends on the statement
+(a replay read 3.1 µs/row through Core, 1.0 µs/row this way), and a read command that
+needs no Core starts without importing SQLAlchemy at all (a third of its start-up).
+
+The SQL is still Core's: ``core_statements`` compiles it from the table objects, in the
+dialect's own parameter style, for PostgreSQL at open; SQLite's is that compilation's
+text, kept in ``sqlite_statements`` (a test compiles it again and compares).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select
+INSERT_COLUMNS = ("run_id", "seq", "event_id", "type", "schema_version", "at_us", "payload")
+# SQLAlchemy's marker for an IN list whose values are bound at execution.
+POSTCOMPILE = "__[POSTCOMPILE_{}]"
 
-from fleetledger.events.schema import events, runs
 
-
+@dataclass(frozen=True)
 class DriverStatement:
-    """A Core statement compiled once for the engine's dialect, run on the driver cursor.
+    """One statement's SQL, the names of its parameters in order (positional styles;
+    None: named, ``%(name)s``), and the values Core bound itself (``LIMIT 1``)."""
 
-    Appending and replaying are the log's hot paths, and per execution Core spends more
-    time building parameters and ``Row`` objects than SQLite spends on the statement
-    (a replay read 3.1 µs/row through Core, 1.0 µs/row this way). The SQL is still
-    Core's: compiled from the table objects, in the dialect's own parameter style.
-    """
-
-    def __init__(self, statement: Any, dialect: Any) -> None:
-        compiled = statement.compile(dialect=dialect)
-        self.sql = str(compiled)
-        self.order: tuple[str, ...] | None = (
-            tuple(compiled.positiontup) if compiled.positional else None
-        )
-        # Values Core bound itself, e.g. LIMIT 1.
-        self._defaults = {
-            name: bind.value for name, bind in compiled.binds.items() if bind.value is not None
-        }
+    sql: str
+    order: tuple[str, ...] | None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     def params(self, **values: Any) -> tuple[Any, ...] | dict[str, Any]:
-        merged = {**self._defaults, **values}
+        merged = {**self.defaults, **values}
         return merged if self.order is None else tuple(merged[k] for k in self.order)
 
 
-INSERT_COLUMNS = ("run_id", "seq", "event_id", "type", "schema_version", "at_us", "payload")
+@dataclass(frozen=True)
+class ListStatement:
+    """A statement with one ``IN (...)`` list that takes any number of values: the SQL
+    before and after the list, and the parameter order (the list's name stands for all
+    of its values)."""
+
+    before: str
+    after: str
+    order: tuple[str, ...] | None
+    listed: str
+
+    def bound(self, values: Sequence[Any], **named: Any) -> tuple[str, Any]:
+        """The SQL for ``len(values)`` values, and its parameters."""
+        if self.order is None:
+            names = [f"{self.listed}_{i}" for i in range(len(values))]
+            sql = self.before + ", ".join(f"%({name})s" for name in names) + self.after
+            return sql, {**named, **dict(zip(names, values, strict=True))}
+        params: list[Any] = []
+        for name in self.order:
+            if name == self.listed:
+                params.extend(values)
+            else:
+                params.append(named[name])
+        return self.before + ", ".join("?" * len(values)) + self.after, tuple(params)
 
 
-def _page_of(*id_column: Any) -> Any:
-    """One page of a run's rows in seq order, ``(lo, hi]``: seq, stamp, the id when
-    asked for (``id_column``), type, version, payload."""
-    return (
-        select(
-            events.c.seq,
-            events.c.at_us,
-            *id_column,
-            events.c.type,
-            events.c.schema_version,
-            events.c.payload,
-        )
-        .where(
-            events.c.run_id == bindparam("run"),
-            events.c.seq > bindparam("lo"),
-            events.c.seq <= bindparam("hi"),
-        )
-        .order_by(events.c.seq)
-    )
-
-
+@dataclass(frozen=True)
 class Statements:
-    """The hot-path statements of one database, compiled once."""
+    """Every statement of the log, for one backend."""
 
-    def __init__(self, dialect: Any) -> None:
-        # SQLite needs no row lock: BEGIN IMMEDIATE already admits one writer at a time.
-        self.lock_run = (
-            None
-            if dialect.name == "sqlite"
-            else DriverStatement(
-                select(runs.c.run_id).where(runs.c.run_id == bindparam("run")).with_for_update(),
-                dialect,
-            )
-        )
-        self.last_event = DriverStatement(
-            select(events.c.seq, events.c.at_us, events.c.type)
-            .where(events.c.run_id == bindparam("run"))
-            .order_by(events.c.seq.desc())
-            .limit(1),
-            dialect,
-        )
-        self.insert_events = DriverStatement(
-            insert(events).values({name: bindparam(name) for name in INSERT_COLUMNS}), dialect
-        )
-        if self.insert_events.order not in (None, INSERT_COLUMNS):
-            raise AssertionError(f"unexpected INSERT order {self.insert_events.order}")
-        self.page = DriverStatement(_page_of(events.c.event_id), dialect)
-        # The page a fold reads: the same rows without their ids, which a fold never
-        # reads (a fifth less to fetch; ``EventCodec.decode_contents``).
-        self.content_page = DriverStatement(_page_of(), dialect)
-        # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
-        self.time_of = DriverStatement(
-            select(events.c.at_us).where(
-                events.c.run_id == bindparam("run"), events.c.seq == bindparam("seq")
-            ),
-            dialect,
-        )
+    # Own a run's appends until commit (PostgreSQL); None on SQLite, where BEGIN
+    # IMMEDIATE already admits one writer at a time.
+    lock_run: DriverStatement | None
+    last_event: DriverStatement
+    insert_events: DriverStatement
+    insert_run: DriverStatement
+    # One page of a run's rows in seq order, ``(lo, hi]``.
+    page: DriverStatement
+    # The page a fold reads: the same rows without their ids, which a fold never reads
+    # (a fifth less to fetch; ``EventCodec.decode_contents``).
+    content_page: DriverStatement
+    # One primary-key point lookup: the probes of ``EventLog.seq_at``'s bisection.
+    time_of: DriverStatement
+    run_names: DriverStatement  # the first runs by name, for an error naming them
+    run_list: DriverStatement  # every run, oldest first
+    event_ids: DriverStatement
+    count_events: DriverStatement
+    stored_ids: ListStatement  # the rows a retried batch's ids already have
+    snapshot_exists: DriverStatement
+    insert_snapshot: DriverStatement
+    load_snapshot: DriverStatement  # the newest at or before a seq
 
     def insert_rows(self, rows: list[tuple[Any, ...]]) -> list[Any]:
         """Rows in ``INSERT_COLUMNS`` order, in the driver's parameter style."""
@@ -111,16 +96,27 @@ class Statements:
 
 
 @contextmanager
-def driver_cursor(conn: Connection) -> Iterator[Any]:
-    """A cursor of the connection's driver, closed after use (see ``DriverStatement``)."""
-    cursor = conn.connection.driver_connection.cursor()
+def driver_cursor(conn: Any) -> Iterator[Any]:
+    """A cursor of a driver connection, closed after use."""
+    cursor = conn.cursor()
     try:
         yield cursor
     finally:
         cursor.close()
 
 
-def fetch_one(conn: Connection, statement: DriverStatement, **params: Any) -> Any:
+def execute(conn: Any, statement: DriverStatement, **params: Any) -> None:
+    with driver_cursor(conn) as cursor:
+        cursor.execute(statement.sql, statement.params(**params))
+
+
+def fetch_one(conn: Any, statement: DriverStatement, **params: Any) -> Any:
     with driver_cursor(conn) as cursor:
         cursor.execute(statement.sql, statement.params(**params))
         return cursor.fetchone()
+
+
+def fetch_all(conn: Any, statement: DriverStatement, **params: Any) -> list[Any]:
+    with driver_cursor(conn) as cursor:
+        cursor.execute(statement.sql, statement.params(**params))
+        return cursor.fetchall()

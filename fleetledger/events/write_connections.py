@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
 from fleetledger.events.database import Database
-from fleetledger.events.errors import LedgerWriteError, first_line
+from fleetledger.events.errors import LedgerWriteError, RetryWithLookups, first_line
 from fleetledger.events.postgres_session import waited_too_long
 
 T = TypeVar("T")
-
-
-class RetryWithLookups(Exception):
-    """The fast path met an already-stored id or a racing run start: redo with lookups."""
 
 
 class WriteConnections:
@@ -73,19 +69,20 @@ class WriteConnections:
             except Exception:  # the connection is being discarded anyway
                 pass
 
-    def transact(self, body: Callable[[Connection], T]) -> T:
-        """``body`` in one write transaction on this thread's connection; database
+    def transact(self, body: Callable[[Any], T]) -> T:
+        """``body`` in one write transaction on this thread's connection, given its
+        driver connection (every statement of the log runs on the driver); database
         errors become one ``LedgerWriteError``, a unique-key clash ``RetryWithLookups``."""
-        dbapi = self.database.engine.dialect.loaded_dbapi
         try:
-            conn = self.connection()
+            conn = self.connection()  # a read-only SQLite open has no engine: refused here
         except DBAPIError as exc:
             raise self.error(exc.orig or exc, False) from None
         except SQLAlchemyError as exc:  # e.g. the pool's TimeoutError
             raise self.error(exc, False) from None
+        dbapi = conn.dialect.loaded_dbapi
         try:
             with conn.begin():
-                return body(conn)
+                return body(conn.connection.driver_connection)
         except (IntegrityError, dbapi.IntegrityError):
             # Raised through Core or straight from the driver cursor of the hot path.
             raise RetryWithLookups() from None

@@ -195,7 +195,7 @@ def _router(
 
     from fleetledger.controller.router_actor import start_router_actor
 
-    db_url = log.database.url.render_as_string(hide_password=False)
+    db_url = log.database.url.render(hide_password=False)
     handle, url = start_router_actor(db_url, run, config=spec.config.router, window_s=0.5)
     teardown.callback(ray.kill, handle)
     teardown.callback(lambda: ray.get(handle.stop.remote(), timeout=30))  # flush, then kill

@@ -1,0 +1,87 @@
+"""A SQLite ledger is read on the standard library's driver alone: no SQLAlchemy.
+
+Importing SQLAlchemy was most of a read command's start-up, so a read open of a SQLite
+ledger builds no engine. Every read the library offers runs in a fresh interpreter
+here, which then reports whether SQLAlchemy was loaded (the test process has it, so
+only a new process can tell); a write open, and PostgreSQL, still load it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetledger.events.log import EventLog
+from fleetledger.projections.fleet_view import fold
+from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
+from fleetledger.queries.reader import RunReader
+from tests.builders import probe_failed, probe_ok, run_started
+
+READS = """
+import json, sys
+from fleetledger.events.log import EventLog
+from fleetledger.queries.reader import RunReader
+
+url, run = sys.argv[1], sys.argv[2]
+with EventLog.open(url, mode=sys.argv[3]) as log:
+    reader = RunReader(log, run)
+    answers = {
+        "epoch": reader.view().epoch,
+        "at_2": reader.view(2).epoch,
+        "history": len(list(reader.history())),
+        "explained": type(reader.explain(0)).__name__,
+        "seq_at": log.seq_at(run, reader.head.at_us),
+        "runs": [r.run_id for r in log.runs()],
+        "ids": len(log.event_ids(run)),
+        "events": log.count_events(),
+        "snapshot": log.load_snapshot(run, int(sys.argv[4])) is not None,
+    }
+answers["sqlalchemy"] = sorted(m for m in sys.modules if m.split(".")[0] == "sqlalchemy")[:3]
+print(json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """A ledger with one run (and a snapshot), and the answers read in this process."""
+    path = tmp_path_factory.mktemp("read") / "ledger.db"
+    with EventLog.open(f"sqlite:///{path}") as log:
+        log.append("r1", [run_started(), probe_ok(0), probe_failed(1), probe_ok(1)])
+        at_2 = fold(log.read("r1", to_seq=2))
+        log.save_snapshot("r1", PROJECTION_VERSION, 2, to_snapshot(at_2))
+        reader = RunReader(log, "r1")
+        here = {"epoch": reader.view().epoch, "history": len(list(reader.history()))}
+    return path, {**here, "ids": 4, "events": 4, "runs": ["r1"], "seq_at": 4, "snapshot": True}
+
+
+def read_fresh(url: str, mode: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", READS, url, "r1", mode, str(PROJECTION_VERSION)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    "suffix", ["", "?mode=ro", "?immutable=1"], ids=["read", "mode=ro", "immutable"]
+)
+def test_every_read_of_a_sqlite_ledger_runs_without_sqlalchemy(ledger, suffix: str) -> None:
+    path, expected = ledger
+    answers = read_fresh(f"sqlite:///{path}{suffix}", "read")
+    assert answers["sqlalchemy"] == []
+    assert {k: answers[k] for k in expected} == expected
+
+
+def test_a_write_open_still_builds_its_engine(ledger) -> None:
+    path, expected = ledger
+    answers = read_fresh(f"sqlite:///{path}", "write")
+    assert answers["sqlalchemy"] != []  # the report sees SQLAlchemy when it is loaded
+    assert {k: answers[k] for k in expected} == expected
