@@ -854,6 +854,19 @@ CASES: list[Case] = [
         ("{tmp} is not a file",),
     ),
     Case(
+        "sqlite_driver_argument_of_the_wrong_type_cli",
+        lambda c: run_cli("runs", "--db", f"{c.url}?timeout=soon"),
+        None,
+        ("the database URL's timeout='soon' for", "must be a number of seconds"),
+    ),
+    Case(
+        "sqlite_driver_argument_of_the_wrong_type_creates_nothing",
+        lambda c: open_and_list(f"sqlite:///{c.tmp}/new.db?check_same_thread=maybe"),
+        LedgerOpenError,
+        ("the database URL's check_same_thread='maybe' for", "must be true or false"),
+        check=_nothing_created("new.db"),
+    ),
+    Case(
         "read_only_url_to_missing_file_cli",
         lambda c: run_cli("runs", "--db", f"sqlite:///file:{c.tmp}/absent.db?mode=ro&uri=true"),
         None,

@@ -30,8 +30,10 @@ from tests.cli_support import invoke
 
 CLI_PACKAGE = Path(__file__).resolve().parent.parent / "fleetledger" / "cli"
 
-# What no read command needs: migrations, logging, the live side and its frameworks.
+# What no read command needs: migrations, logging, the live side and its frameworks,
+# and (on a SQLite ledger, as here) SQLAlchemy: it is read on the standard library alone.
 NEVER_FOR_A_READ = (
+    "sqlalchemy",
     "alembic",
     "structlog",
     "ray",
@@ -47,7 +49,7 @@ NEVER_FOR_A_READ = (
 # Printing JSON needs no table: neither rich nor the replay table's code.
 NEVER_FOR_JSON = (*NEVER_FOR_A_READ, "rich", "fleetledger.cli.entry_table")
 # `--version` and `--help` read no ledger: not even the log's libraries.
-NEVER_FOR_STARTUP = (*NEVER_FOR_JSON, "sqlalchemy", "pydantic", "fleetledger.events.log")
+NEVER_FOR_STARTUP = (*NEVER_FOR_JSON, "pydantic", "fleetledger.events.log")
 WATCHED = sorted({*NEVER_FOR_STARTUP, "fleetledger.queries"})
 
 SCRIPT = """
@@ -132,7 +134,7 @@ def test_a_read_command_with_json_loads_only_the_read_side(tmp_path, demo, args)
     assert ran.stderr == ""
     json.loads(ran.stdout.splitlines()[0] if args[0] == "replay" else ran.stdout)
     assert ran.loaded & set(NEVER_FOR_JSON) == set()
-    assert "sqlalchemy" in ran.loaded  # the report sees what was loaded: the ledger was read
+    assert "fleetledger.events.log" in ran.loaded  # the report sees what was loaded
 
 
 @pytest.mark.parametrize("command", ["membership", "replay"])

@@ -9,6 +9,10 @@ Rules that live here:
   opened through a ``file:`` URI with ``mode=ro`` and a PostgreSQL session runs with
   ``default_transaction_read_only``, so not even a bug can write through it. A **write**
   open (``mode="write"``, the default of the API) may create a new SQLite ledger.
+- A SQLite read open builds no SQLAlchemy engine: it runs on the standard library's
+  driver alone (``sqlite_file.SqliteReads``), because importing SQLAlchemy cost a read
+  command more than everything else it does. Every other open has an engine, for its
+  writes (and, on PostgreSQL, its pool); every read of every open runs on the driver.
 - SQLite is the embedded default. Every connection runs in WAL mode with
   ``synchronous=FULL`` (a commit that returned survives power loss) and a busy timeout;
   write transactions start with ``BEGIN IMMEDIATE`` so concurrent appenders queue for
@@ -225,12 +229,12 @@ def _open_sqlite_read(parsed: LedgerUrl, params: dict[str, str]) -> Database:
     path = sqlite_path(parsed)
     check_readable_file(path)
     params, wants_keeper = plan_sqlite_read(path, params)
+    reads = SqliteReads(path, params)  # refuses a bad driver argument before any connection
     try:
         keeper = open_keeper(path) if wants_keeper else None
     except sqlite3.Error as exc:
         raise _connect_error(parsed, exc) from None
-    database = Database(parsed, "sqlite", SqliteReads(path, params), None, read_only=True)
-    database.keeper = keeper
+    database = Database(parsed, "sqlite", reads, None, read_only=True, keeper=keeper)
     with _refused_disposes(database):
         with database.reads.reading() as conn:
             state = schema_state(conn, "sqlite")
@@ -247,9 +251,11 @@ def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
     from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
 
     path = sqlite_path(parsed)
-    prepare_sqlite_file(path, params)
+    # Built before the file is created: a bad driver argument is refused, leaving nothing.
     engine = sqlite_engine(path, params)
-    database = Database(parsed, "sqlite", SqliteReads(path, params), engine)
+    reads = SqliteReads(path, params)
+    prepare_sqlite_file(path, params)
+    database = Database(parsed, "sqlite", reads, engine)
     where = database.display_url
     head = head_revision()
     with _refused_disposes(database, sqlite3.Error, DBAPIError):
@@ -329,8 +335,8 @@ def migrate(
                 f"{where} opens the ledger read-only (mode=ro or immutable in the URL); "
                 "migrating writes to it"
             )
+        engine = sqlite_engine(path, params)  # a bad driver argument: refused, nothing created
         prepare_sqlite_file(path, params)
-        engine = sqlite_engine(path, params)
     else:
         engine = postgres_engine(parsed, read_only=False)
     try:

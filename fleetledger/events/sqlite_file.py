@@ -32,14 +32,14 @@ def _flag(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean")
 
 
-# Query parameters the Python driver takes, each with its type (as SQLAlchemy reads
-# them); every other one is a SQLite URI parameter.
-_PYSQLITE_ARGS: dict[str, Callable[[str], Any]] = {
-    "timeout": float,
-    "isolation_level": str,
-    "detect_types": int,
-    "check_same_thread": _flag,
-    "cached_statements": int,
+# Query parameters the Python driver takes, each read as SQLAlchemy reads it, and what
+# it must be; every other one is a SQLite URI parameter.
+_PYSQLITE_ARGS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "timeout": (float, "a number of seconds"),
+    "isolation_level": (str, "text"),
+    "detect_types": (int, "a whole number"),
+    "check_same_thread": (_flag, "true or false"),
+    "cached_statements": (int, "a whole number"),
 }
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TRUE = ("1", "true", "yes", "on")
@@ -222,14 +222,14 @@ def sqlite_uri(path: Path, params: dict[str, str]) -> tuple[str, dict[str, Any]]
         uri += "?" + urlencode(in_uri)
     driver: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     for name, value in params.items():
-        convert = _PYSQLITE_ARGS.get(name)
-        if convert is None:
+        if name not in _PYSQLITE_ARGS:
             continue
+        convert, expected = _PYSQLITE_ARGS[name]
         try:
             driver[name] = convert(value)
         except ValueError:
             raise LedgerOpenError(
-                f"{path}: the URL's {name}={value!r} is not a {convert.__name__.lstrip('_')}"
+                f"the database URL's {name}={value!r} for {path} must be {expected}"
             ) from None
     return uri, driver
 
