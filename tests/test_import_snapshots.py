@@ -80,13 +80,31 @@ def test_an_imported_old_run_is_snapshotted_like_a_live_one(tmp_path: Path) -> N
 
 
 def _import_and_check_snapshots(exported: Path, tmp_path: Path) -> dict[str, Any]:
-    """Import ``exported`` as run "copy"; check its one snapshot; its membership."""
+    """Import ``exported`` as run "copy"; check its snapshots (the cadence's one, and
+    one at the head), each the fold up to its seq; its membership."""
     imported = f"sqlite:///{tmp_path / 'imported.db'}"
     invoke("import", str(exported), "--run", "copy", "--db", imported)
     with EventLog.open(imported) as log:
-        assert _stored_snapshot_seqs(log, "copy") == [SNAPSHOT_EVERY_EVENTS + 1]
-        stored = log.load_snapshot("copy", PROJECTION_VERSION)
-        assert stored is not None
-        expected = fold(log.read("copy", 0, stored[0]))
-        assert to_snapshot(from_snapshot(stored[1])) == to_snapshot(expected)
+        head = log.head("copy")
+        assert _stored_snapshot_seqs(log, "copy") == [SNAPSHOT_EVERY_EVENTS + 1, head]
+        for at in (SNAPSHOT_EVERY_EVENTS + 1, head):
+            stored = log.load_snapshot("copy", PROJECTION_VERSION, at_most_seq=at)
+            assert stored is not None and stored[0] == at
+            expected = fold(log.read("copy", 0, stored[0]))
+            assert to_snapshot(from_snapshot(stored[1])) == to_snapshot(expected)
     return json.loads(invoke("membership", "copy", "--json", "--db", imported).stdout)
+
+
+def test_an_imported_run_whose_last_seq_is_on_the_cadence_has_one_snapshot_there(
+    tmp_path: Path,
+) -> None:
+    items = [
+        RunStarted(config=fleet_config(3)),
+        *(probe_ok_v1(i % 3) for i in range(SNAPSHOT_EVERY_EVENTS)),
+    ]
+    exported = tmp_path / "even.jsonl"
+    exported.write_text("".join(line + "\n" for line in export_lines("even", items)))
+    imported = f"sqlite:///{tmp_path / 'imported.db'}"
+    invoke("import", str(exported), "--db", imported)
+    with EventLog.open(imported) as log:
+        assert _stored_snapshot_seqs(log, "even") == [SNAPSHOT_EVERY_EVENTS + 1]

@@ -213,13 +213,23 @@ def export(
 
 def snapshot_imported(log: "EventLog", run: str) -> "FleetView":
     """Fold an imported run once, storing snapshots at a live ledger's cadence, so
-    ``membership``, ``explain`` and ``--at`` on it fold a short tail, as on the original."""
-    from fleetledger.projections.snapshot import PROJECTION_VERSION, fold_with_snapshots
+    ``membership``, ``explain`` and ``--at`` on it fold a short tail, as on the original.
 
-    return fold_with_snapshots(
-        log.read_pages(run, ids=False),
-        lambda seq, payload: log.save_snapshot(run, PROJECTION_VERSION, seq, payload),
+    And one at its last seq: an imported run does not grow, and its head is what
+    ``membership`` shows unless told otherwise — it then folds nothing at all.
+    """
+    from fleetledger.projections.snapshot import (
+        PROJECTION_VERSION,
+        fold_with_snapshots,
+        to_snapshot,
     )
+
+    def save(seq: int, payload: str) -> None:
+        log.save_snapshot(run, PROJECTION_VERSION, seq, payload)
+
+    final = fold_with_snapshots(log.read_pages(run, ids=False), save)
+    save(final.seq, to_snapshot(final))  # a no-op where the cadence fell on the last seq
+    return final
 
 
 def same_summary_value(key: str, ours: object, theirs: object) -> bool:

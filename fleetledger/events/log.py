@@ -28,8 +28,8 @@ engine: a read of a SQLite ledger never loads it.
 
 from __future__ import annotations
 
-import functools
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -123,13 +123,24 @@ class EventLog:
         }
         # The head each run had after this log's last committed append to it.
         self._heads: dict[str, _Head] = {}
+        self._writes: WriteConnections | None = None
+        self._writes_lock = threading.Lock()
 
-    @functools.cached_property
-    def _writes(self) -> WriteConnections:
-        """Built by the first write: a log that only reads never imports SQLAlchemy."""
-        from fleetledger.events.write_connections import WriteConnections
+    def _transact(self, body: Callable[[Conn], T]) -> T:
+        """``body`` in one write transaction (``WriteConnections.transact``).
 
-        return WriteConnections(self.database)
+        The write connections are built by the first write, once, whichever thread it
+        comes from: a log that only reads never imports SQLAlchemy.
+        """
+        writes = self._writes
+        if writes is None:
+            with self._writes_lock:
+                if self._writes is None:
+                    from fleetledger.events.write_connections import WriteConnections
+
+                    self._writes = WriteConnections(self.database)
+                writes = self._writes
+        return writes.transact(body)
 
     @classmethod
     def open(cls, url: str | None = None, *, mode: OpenMode = "write", **kwargs: Any) -> EventLog:
@@ -138,9 +149,8 @@ class EventLog:
         return cls(open_database(url, mode=mode), **kwargs)
 
     def close(self) -> None:
-        writes = self.__dict__.get("_writes")
-        if writes is not None:
-            writes.close()
+        if self._writes is not None:
+            self._writes.close()
         self.database.dispose()
 
     def __enter__(self) -> EventLog:
@@ -166,9 +176,7 @@ class EventLog:
         try:
             return self._remember(
                 run,
-                self._writes.transact(
-                    lambda conn: self._append_in(conn, run, encoded, lookup=False)
-                ),
+                self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=False)),
             )
         except RetryWithLookups:
             pass
@@ -182,9 +190,7 @@ class EventLog:
             try:
                 return self._remember(
                     run,
-                    self._writes.transact(
-                        lambda conn: self._append_in(conn, run, encoded, lookup=True)
-                    ),
+                    self._transact(lambda conn: self._append_in(conn, run, encoded, lookup=True)),
                 )
             except RetryWithLookups:
                 continue
@@ -555,7 +561,7 @@ class EventLog:
             return []
 
         try:
-            self._writes.transact(body)
+            self._transact(body)
         except RetryWithLookups:
             raise AppendRejected(
                 run, f"run {run!r} was created by another process during the import"
@@ -576,7 +582,7 @@ class EventLog:
             return []
 
         try:
-            self._writes.transact(body)
+            self._transact(body)
         except RetryWithLookups:
             pass  # another process stored the same snapshot first: same seq, same content
 
