@@ -4,11 +4,15 @@ Importing SQLAlchemy was most of a read command's start-up, so a read open of a 
 ledger builds no engine. Every read the library offers runs in a fresh interpreter
 here, which then reports whether SQLAlchemy was loaded (the test process has it, so
 only a new process can tell); a write open, and PostgreSQL, still load it.
+
+The read connections (``SqliteReads``) are kept for the next read; each read is one
+transaction, and a connection whose read failed is never handed out again.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fleetledger.events.log import EventLog
+from fleetledger.events.sqlite_file import SqliteReads
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries.reader import RunReader
@@ -24,6 +29,7 @@ from tests.builders import probe_failed, probe_ok, run_started
 READS = """
 import json, sys
 from fleetledger.events.log import EventLog
+from fleetledger.events.sqlite_file import SqliteReads
 from fleetledger.queries.reader import RunReader
 
 url, run = sys.argv[1], sys.argv[2]
@@ -85,3 +91,64 @@ def test_a_write_open_still_builds_its_engine(ledger) -> None:
     answers = read_fresh(f"sqlite:///{path}", "write")
     assert answers["sqlalchemy"] != []  # the report sees SQLAlchemy when it is loaded
     assert {k: answers[k] for k in expected} == expected
+
+
+# ── the read connections ───────────────────────────────────────────────────────
+
+
+def test_a_read_connection_is_kept_for_the_next_read_and_nested_reads_get_their_own(
+    ledger,
+) -> None:
+    path, _ = ledger
+    reads = SqliteReads(path, {"mode": "ro"})
+    try:
+        with reads.reading() as first:
+            with reads.reading() as nested:
+                assert nested is not first
+        with reads.reading() as again:
+            assert again in (first, nested)
+    finally:
+        reads.close()
+
+
+def test_a_read_is_one_snapshot_and_the_next_read_sees_what_was_committed(tmp_path) -> None:
+    path = tmp_path / "ledger.db"
+    with EventLog.open(f"sqlite:///{path}") as log:
+        log.append("r1", [run_started(), probe_ok(0)])
+        reads = SqliteReads(path, {})
+        try:
+            count = "SELECT count(*) FROM fleetledger_events"
+            with reads.reading() as conn:
+                assert conn.execute(count).fetchone() == (2,)
+                log.append("r1", [probe_ok(1)])  # committed by the writer meanwhile
+                assert conn.execute(count).fetchone() == (2,)
+            with reads.reading() as conn:
+                assert conn.execute(count).fetchone() == (3,)
+        finally:
+            reads.close()
+
+
+def test_a_connection_whose_read_failed_is_closed_not_kept(ledger) -> None:
+    path, _ = ledger
+    reads = SqliteReads(path, {"mode": "ro"})
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
+            with reads.reading() as failed:
+                failed.execute("SELECT * FROM no_such_table")
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            failed.execute("SELECT 1")
+        with reads.reading() as conn:
+            assert conn is not failed
+            assert conn.execute("SELECT count(*) FROM fleetledger_runs").fetchone() == (1,)
+    finally:
+        reads.close()
+
+
+def test_closing_the_reads_closes_the_kept_connections(ledger) -> None:
+    path, _ = ledger
+    reads = SqliteReads(path, {"mode": "ro"})
+    with reads.reading() as kept:
+        pass
+    reads.close()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        kept.execute("SELECT 1")
