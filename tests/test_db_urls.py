@@ -8,6 +8,9 @@ the same text when shown (password hidden or not), the same URL for an engine.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -23,11 +26,7 @@ SCHEMES = ["sqlite", "sqlite+pysqlite", "postgresql", "postgres", "postgresql+ps
 CHARS = "ab09:/@?&=%+[]._- #\n\té١"
 
 
-def _sqlalchemy(text: str) -> object:
-    try:
-        url = make_url(text)
-    except (ArgumentError, ValueError):
-        return "refused"
+def _parts(url: Any, render: Callable[..., str]) -> tuple[object, ...]:
     return (
         url.drivername,
         url.username,
@@ -36,9 +35,17 @@ def _sqlalchemy(text: str) -> object:
         url.port,
         url.database,
         dict(url.query),
-        url.render_as_string(hide_password=True),
-        url.render_as_string(hide_password=False),
+        render(hide_password=True),
+        render(hide_password=False),
     )
+
+
+def _sqlalchemy(text: str) -> object:
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError):
+        return "refused"
+    return _parts(url, url.render_as_string)
 
 
 def _ours(text: str) -> object:
@@ -46,17 +53,7 @@ def _ours(text: str) -> object:
         url = split_url(text)
     except ValueError:
         return "refused"
-    return (
-        url.drivername,
-        url.username,
-        url.password,
-        url.host,
-        url.port,
-        url.database,
-        dict(url.query),
-        url.render(hide_password=True),
-        url.render(hide_password=False),
-    )
+    return _parts(url, url.render)
 
 
 url_texts = st.one_of(
