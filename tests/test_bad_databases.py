@@ -32,7 +32,7 @@ from click.testing import Result
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from fleetledger.events.database import open_database
+from fleetledger.events.database import migrate, open_database
 from fleetledger.events.errors import LedgerWriteError
 from fleetledger.events.log import EventLog
 from fleetledger.events.revisions import head_revision
@@ -192,6 +192,21 @@ def test_a_read_open_of_sqlite_cannot_write_and_leaves_nothing_beside_the_file(
 
     assert dump(url) == rows
     assert listing(path.parent) == files  # the -wal and -shm the reads used are gone
+
+
+@pytest.mark.parametrize("command", ["migrate", "runs", "demo"])
+def test_a_malformed_ledger_is_one_line_for_migrate_as_for_every_open(
+    tmp_path: Path, command: str
+) -> None:
+    path = built_ledger(tmp_path / "ledger")
+    with path.open("r+b") as fh:  # page 2 (of 4096 bytes) scrawled over
+        fh.seek(4096)
+        fh.write(b"\xee" * 4096)
+    before = listing(path.parent)
+    args = ("migrate",) if command == "migrate" else READ_COMMANDS.get(command, (command,))
+    result = run_cli(*args, "--db", f"sqlite:///{path}")
+    assert_cli_error(result, ["is not a readable SQLite ledger", "malformed"])
+    assert listing(path.parent) == before
 
 
 @pytest.mark.postgres
@@ -573,6 +588,32 @@ def test_a_server_that_never_answers_costs_the_urls_connect_timeout(
     args = ("membership", "r1") if command == "membership" else (command,)
 
     refused(run_cli(*args, "--db", url), "did not answer within connect_timeout=2 s")
+
+
+@pytest.mark.postgres
+def test_a_schema_named_after_the_user_does_not_hide_a_ledger_in_public(
+    migrated_postgres_url: str,
+) -> None:
+    # The default search_path is "$user", public: once a schema named after the user
+    # exists, current_schema() is that one, and the ledger's tables are still in public.
+    import psycopg
+
+    _build(migrated_postgres_url)
+    rows = dump(migrated_postgres_url)
+    libpq_url = migrated_postgres_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(libpq_url, autocommit=True) as conn:
+        conn.execute("SELECT set_config('search_path', '\"$user\", public', false)")
+        conn.execute('CREATE SCHEMA "' + conn.info.user + '"')
+        assert conn.execute("SELECT current_schema()").fetchone() == (conn.info.user,)
+
+    with EventLog.open(migrated_postgres_url, mode="read") as log:
+        assert [r.run_id for r in log.runs()] == ["r1", "r2"]
+    with EventLog.open(migrated_postgres_url) as log:
+        log.append("r1", [probe_ok(0)])
+    assert migrate(migrated_postgres_url) == (head_revision(), head_revision())
+    assert len(dump(migrated_postgres_url)["fleetledger_events"]) == (
+        len(rows["fleetledger_events"]) + 1
+    )
 
 
 @pytest.mark.postgres

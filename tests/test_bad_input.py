@@ -867,6 +867,26 @@ CASES: list[Case] = [
         check=_nothing_created("new.db"),
     ),
     Case(
+        "sqlite_driver_argument_out_of_range_cli",
+        lambda c: run_cli("runs", "--db", f"{c.url}?detect_types=99999999999999999999"),
+        None,
+        ("detect_types='99999999999999999999'", "a whole number from 0 to 2147483647"),
+    ),
+    Case(
+        "sqlite_driver_argument_out_of_range_creates_nothing",
+        lambda c: open_and_list(f"sqlite:///{c.tmp}/new.db?cached_statements=1e99"),
+        LedgerOpenError,
+        ("cached_statements='1e99'", "a whole number from 0 to 2147483647"),
+        check=_nothing_created("new.db"),
+    ),
+    Case(
+        "sqlite_busy_timeout_out_of_range_creates_nothing",
+        lambda c: open_and_list(f"sqlite:///{c.tmp}/new.db?timeout=inf"),
+        LedgerOpenError,
+        ("timeout='inf'", "a number of seconds"),
+        check=_nothing_created("new.db"),
+    ),
+    Case(
         "read_only_url_to_missing_file_cli",
         lambda c: run_cli("runs", "--db", f"sqlite:///file:{c.tmp}/absent.db?mode=ro&uri=true"),
         None,

@@ -95,9 +95,10 @@ def _import_and_check_snapshots(exported: Path, tmp_path: Path) -> dict[str, Any
     return json.loads(invoke("membership", "copy", "--json", "--db", imported).stdout)
 
 
-def test_an_imported_run_whose_last_seq_is_on_the_cadence_has_one_snapshot_there(
+def test_an_imported_run_whose_last_seq_is_on_the_cadence_imports_with_its_snapshot(
     tmp_path: Path,
 ) -> None:
+    """The head's snapshot falls where the cadence's did: saved once, the import goes on."""
     items = [
         RunStarted(config=fleet_config(3)),
         *(probe_ok_v1(i % 3) for i in range(SNAPSHOT_EVERY_EVENTS)),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetledger.events.errors import LedgerReadError
 from fleetledger.events.log import EventLog
 from fleetledger.events.sqlite_file import SqliteReads
 from fleetledger.projections.fleet_view import fold
@@ -152,3 +153,59 @@ def test_closing_the_reads_closes_the_kept_connections(ledger) -> None:
     reads.close()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         kept.execute("SELECT 1")
+
+
+def test_a_read_of_the_ledger_after_it_was_closed_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.db"
+    with EventLog.open(f"sqlite:///{path}") as log:
+        log.append("r1", [run_started()])
+    log = EventLog.open(f"sqlite:///{path}", mode="read")
+    log.close()
+    with pytest.raises(LedgerReadError, match="the ledger was closed"):
+        log.runs()
+    assert sorted(p.name for p in path.parent.iterdir()) == ["ledger.db"]  # no -wal, -shm
+
+
+# ── reads beside a writer ──────────────────────────────────────────────────────
+
+
+def test_a_read_past_the_head_takes_in_what_was_appended_while_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page short of its bound looks the head up again and reads the page once more,
+    in one snapshot with that head: rows appended meanwhile are the run's, not damage."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    with EventLog.open(url) as writer, EventLog.open(url, mode="read") as reader:
+        writer.append("r1", [run_started(), probe_ok(0), probe_ok(1)])
+        short_page = EventLog._short_page
+
+        def appended_first(self: EventLog, *args: object, **kwargs: object) -> object:
+            writer.append("r1", [probe_failed(2)])  # between the page's read and this
+            return short_page(self, *args, **kwargs)
+
+        monkeypatch.setattr(EventLog, "_short_page", appended_first)
+        rows = [row for page in reader.read_stored("r1", 0, 100) for row in page]
+    assert [row[0] for row in rows] == [1, 2, 3, 4]
+
+
+def test_a_page_held_by_the_caller_holds_no_lock_a_writer_would_wait_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without shared memory (``vfs=unix-dotfile``) a ledger keeps a rollback journal, in
+    which an open read locks every writer out: a read must not stay open while the
+    caller works on a page it was given (``export | less``)."""
+    import fleetledger.events.log as log_module
+
+    monkeypatch.setattr(log_module, "READ_PAGE", 2)
+    url = f"sqlite:///{tmp_path / 'ledger.db'}?vfs=unix-dotfile&timeout=1"
+    with EventLog.open(url) as log:
+        log.append("r1", [run_started(), probe_ok(0), probe_ok(1), probe_ok(2)])
+        with sqlite3.connect(tmp_path / "ledger.db") as raw:
+            assert raw.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        pages = log.read_pages("r1")
+        first = next(pages)
+        log.append("r1", [probe_failed(0)])  # refused after 1 s if the read were open
+        rest = [event for page in pages for event in page]
+        assert log.head("r1") == 5
+    # The read ends at the head it found when it began; the append is there for the next.
+    assert [e.seq for e in [*first, *rest]] == [1, 2, 3, 4]

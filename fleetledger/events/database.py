@@ -339,6 +339,8 @@ def migrate(
         prepare_sqlite_file(path, params)
     else:
         engine = postgres_engine(parsed, read_only=False)
+    # The schema is read on the driver's cursor: its errors are the driver's own.
+    driver_error = engine.dialect.loaded_dbapi.Error
     try:
         if sqlite:  # refuse before the first write, which use_wal is
             with engine.connect() as conn:
@@ -363,7 +365,7 @@ def migrate(
                 if state.revision != head_revision():
                     upgrade(conn)
         return state.revision, head_revision()
-    except DBAPIError as exc:
+    except (DBAPIError, driver_error) as exc:
         raise _connect_error(parsed, exc) from None
     except CommandError as exc:
         detail = scrub_password(str(exc), parsed.password)

@@ -400,8 +400,13 @@ class EventLog:
         """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
 
         Rows are plain ``(seq, at_us, event_id, type, schema_version, payload)`` tuples,
-        the shape of ``StoredRow``; seqs are immutable once committed, so pages read in separate
-        statements still form one consistent prefix of the run.
+        the shape of ``StoredRow``; seqs are immutable once committed, so pages read in
+        separate reads still form one consistent prefix of the run.
+
+        Each page is its own read: nothing is held while the caller works on a page
+        (``export | less``). A read held open across pages would keep a WAL from being
+        checkpointed past it, and on a ledger in rollback-journal mode would lock out
+        every writer, this log's own included, until the caller finished.
         """
         # A caller that names ``to_seq`` knows the head already (a reader looks it up
         # once per command): the head is looked up only if the rows stop short of it.
@@ -411,21 +416,19 @@ class EventLog:
         else:
             last = to_seq
         lo = after_seq
-        with self._reading() as conn, driver_cursor(conn) as cursor:
-            while lo < last:
-                hi = min(lo + READ_PAGE, last)
-                with cyclic_gc_paused():
-                    cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
-                    page = cursor.fetchall()
-                if len(page) != hi - lo:
-                    page, last = self._short_page(cursor, page_sql, run, lo, hi, page, to_seq)
-                if page:
-                    yield page
-                lo = hi
+        while lo < last:
+            hi = min(lo + READ_PAGE, last)
+            with self._reading() as conn, driver_cursor(conn) as cursor, cyclic_gc_paused():
+                cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
+                page = cursor.fetchall()
+            if len(page) != hi - lo:
+                page, last = self._short_page(page_sql, run, lo, hi, page, to_seq)
+            if page:
+                yield page
+            lo = hi
 
     def _short_page(
         self,
-        cursor: Any,
         statement: DriverStatement,
         run: str,
         lo: int,
@@ -439,15 +442,15 @@ class EventLog:
         damage. With it, the bound may lie past the head (the read then ends at the
         head, as a read past the head always has), or rows may have been committed
         since the page was read: the head decides, and the page is read once more up
-        to it. Rows still missing below the head are damage, never a shorter run.
+        to it, in the same read as the head (one snapshot holds both). Rows still
+        missing below the head are damage, never a shorter run.
         """
         if to_seq is not None:
             with self._reading() as conn:
                 head = self._require_run(conn, run).seq  # an unknown run is an error
-            end = max(lo, min(hi, head))
-            if len(page) != end - lo:
-                cursor.execute(statement.sql, statement.params(run=run, lo=lo, hi=end))
-                page = cursor.fetchall()
+                end = max(lo, min(hi, head))
+                if len(page) != end - lo:
+                    page = fetch_all(conn, statement, run=run, lo=lo, hi=end)
             if len(page) == end - lo:
                 return page, min(to_seq, head)
         raise LedgerError(

@@ -72,12 +72,16 @@ class SchemaState:
 
 
 # The tables of a database, as SQLAlchemy's inspector lists them: SQLite's own
-# (sqlite_sequence, ...) left out; on PostgreSQL, the tables of the session's schema.
+# (sqlite_sequence, ...) left out; on PostgreSQL, every table the session sees by its
+# search_path (not only current_schema(): a schema named after the user, which the
+# default "$user", public puts first, must not hide a ledger in public), temporary
+# tables and pg_catalog's left out.
 _TABLES = {
     "sqlite": "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite~_%' "
     "ESCAPE '~'",
     "postgresql": "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
-    "ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')",
+    "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't' "
+    "AND pg_catalog.pg_table_is_visible(c.oid) AND n.nspname <> 'pg_catalog'",
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlencode
 
 from fleetledger.events.db_urls import LedgerUrl, query_params
-from fleetledger.events.errors import LedgerNotWritable, LedgerOpenError, NoLedger
+from fleetledger.events.errors import LedgerNotWritable, LedgerOpenError, LedgerReadError, NoLedger
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -32,14 +32,29 @@ def _flag(value: str) -> bool:
     raise ValueError(f"{value!r} is not a boolean")
 
 
-# Query parameters the Python driver takes, each read as SQLAlchemy reads it, and what
-# it must be; every other one is a SQLite URI parameter.
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if not 0 <= seconds < 2**31 / 1000:  # the driver's busy timeout is a C int of ms
+        raise ValueError(f"{value!r} is out of range")
+    return seconds
+
+
+def _c_int(value: str) -> int:
+    number = int(value)
+    if not 0 <= number < 2**31:  # the driver takes a C int
+        raise ValueError(f"{value!r} is out of range")
+    return number
+
+
+# Query parameters the Python driver takes, each read as SQLAlchemy reads it (and held
+# to what the driver can take, so a value is refused before any file is touched), and
+# what it must be; every other one is a SQLite URI parameter.
 _PYSQLITE_ARGS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "timeout": (float, "a number of seconds"),
+    "timeout": (_seconds, "a number of seconds, 0 or more (up to 2147483)"),
     "isolation_level": (str, "text"),
-    "detect_types": (int, "a whole number"),
+    "detect_types": (_c_int, "a whole number from 0 to 2147483647"),
     "check_same_thread": (_flag, "true or false"),
-    "cached_statements": (int, "a whole number"),
+    "cached_statements": (_c_int, "a whole number from 0 to 2147483647"),
 }
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _TRUE = ("1", "true", "yes", "on")
@@ -250,6 +265,7 @@ class SqliteReads:
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
     def __init__(self, path: Path, params: dict[str, str]) -> None:
+        self._path = path
         self._uri, driver = sqlite_uri(path, params)
         driver.pop("isolation_level", None)
         driver.pop("check_same_thread", None)
@@ -261,7 +277,8 @@ class SqliteReads:
 
     def configure(self, setup: Callable[[sqlite3.Connection], None]) -> None:
         """Run ``setup`` on every read connection: the kept ones now, new ones as they
-        open (a trace callback, a pragma)."""
+        open (a trace callback, a pragma). Call it between reads: a connection serving
+        a read at that moment is kept without it."""
         with self._lock:
             self._configure.append(setup)
             for conn in self._idle:
@@ -278,6 +295,10 @@ class SqliteReads:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            if self._closed:
+                # A new connection now would have no keeper: it could leave a -wal and
+                # -shm beside the file that nothing removes.
+                raise LedgerReadError(f"{self._path}: the ledger was closed; open it again")
             conn = self._idle.pop() if self._idle else None
         if conn is None:
             conn = self._connect()
