@@ -67,6 +67,7 @@ from fleetledger.events.db_urls import (
 from fleetledger.events.errors import (
     LedgerNotWritable,
     LedgerOpenError,
+    LedgerReadError,
     LedgerWriteError,
     first_line,
 )
@@ -151,6 +152,26 @@ class Database:
 
         assert self.engine is not None
         return compile_statements(self.engine.dialect)
+
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A read's driver connection (one transaction), whose database errors name the
+        ledger, not SQL."""
+        try:
+            with self.reads.reading() as conn:
+                yield conn
+        except self.reads.errors as exc:
+            detail = self.scrub(first_line(exc))
+            lowered = detail.lower()
+            problem = waited_too_long(detail)
+            if problem is None and ("readonly" in lowered or "read-only" in lowered):
+                problem = "reading it needs a write (a WAL recovery?) that this open may not do"
+            elif problem is None and ("closed" in lowered or "terminat" in lowered):
+                problem = "the connection to the database was lost"
+            raise LedgerReadError(
+                f"{self.display_url}: read failed "
+                f"({problem or 'is the ledger corrupted or truncated?'}): {detail}"
+            ) from None
 
     def write_connection(self) -> Connection:
         """A connection whose transactions take the write lock when they begin."""

@@ -32,23 +32,20 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.batch_rules import check_batch, refuse_ids
 from fleetledger.events.codec import EventCodec, StoredRow
-from fleetledger.events.database import Database, OpenMode, open_database, waited_too_long
+from fleetledger.events.database import Database, OpenMode, open_database
 from fleetledger.events.errors import (
     AppendRejected,
     EventDecodeError,
     EventIdConflict,
     LedgerError,
-    LedgerReadError,
     LedgerWriteError,
     RetryWithLookups,
     UnknownRun,
-    first_line,
 )
 from fleetledger.events.models import (
     Event,
@@ -345,40 +342,19 @@ class EventLog:
 
     # ── read ─────────────────────────────────────────────────────────────────
 
-    @contextmanager
-    def _reading(self) -> Iterator[Conn]:
-        """A read's driver connection (one transaction), whose database errors name the
-        ledger, not SQL."""
-        reads = self.database.reads
-        try:
-            with reads.reading() as conn:
-                yield conn
-        except reads.errors as exc:
-            detail = self.database.scrub(first_line(exc))
-            lowered = detail.lower()
-            problem = waited_too_long(detail)
-            if problem is None and ("readonly" in lowered or "read-only" in lowered):
-                problem = "reading it needs a write (a WAL recovery?) that this open may not do"
-            elif problem is None and ("closed" in lowered or "terminat" in lowered):
-                problem = "the connection to the database was lost"
-            raise LedgerReadError(
-                f"{self.database.display_url}: read failed "
-                f"({problem or 'is the ledger corrupted or truncated?'}): {detail}"
-            ) from None
-
     def config(self, run: str) -> FleetConfig:
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             self._require_run(conn, run)
             return self._config_in(conn, run)
 
     def run_head(self, run: str) -> RunHead:
         """The run's head and configuration in one read (an unknown run is an error)."""
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             head = self._require_run(conn, run)
             return RunHead(run, head.seq, head.at_us, head.ended, self._config_in(conn, run))
 
     def head(self, run: str) -> int:
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             return self._require_run(conn, run).seq
 
     def _require_run(self, conn: Conn, run: str) -> _Head:
@@ -411,14 +387,14 @@ class EventLog:
         # A caller that names ``to_seq`` knows the head already (a reader looks it up
         # once per command): the head is looked up only if the rows stop short of it.
         if to_seq is None:
-            with self._reading() as conn:
+            with self.database.reading() as conn:
                 last = self._require_run(conn, run).seq
         else:
             last = to_seq
         lo = after_seq
         while lo < last:
             hi = min(lo + READ_PAGE, last)
-            with self._reading() as conn, driver_cursor(conn) as cursor, cyclic_gc_paused():
+            with self.database.reading() as conn, driver_cursor(conn) as cursor, cyclic_gc_paused():
                 cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
                 page = cursor.fetchall()
             if len(page) != hi - lo:
@@ -446,7 +422,7 @@ class EventLog:
         missing below the head are damage, never a shorter run.
         """
         if to_seq is not None:
-            with self._reading() as conn:
+            with self.database.reading() as conn:
                 head = self._require_run(conn, run).seq  # an unknown run is an error
                 end = max(lo, min(hi, head))
                 if len(page) != end - lo:
@@ -488,7 +464,7 @@ class EventLog:
         answer: the error names the run and when it began.
         """
         statement = self._sql.time_of
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             last = self._require_run(conn, run) if head is None else head
             if at_us >= last.at_us:
                 return last.seq
@@ -519,14 +495,14 @@ class EventLog:
             return lo
 
     def event_ids(self, run: str) -> dict[int, str]:
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             self._require_run(conn, run)
             rows = fetch_all(conn, self._sql.event_ids, run=run)
         return dict(rows)
 
     def runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its head (one index lookup per run)."""
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             listed = fetch_all(conn, self._sql.run_list)
             out = []
             for run_id, started_at_us in listed:
@@ -537,7 +513,7 @@ class EventLog:
             return out
 
     def count_events(self) -> int:
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             return int(fetch_one(conn, self._sql.count_events)[0])
 
     # ── import ───────────────────────────────────────────────────────────────
@@ -594,7 +570,7 @@ class EventLog:
     ) -> tuple[int, str] | None:
         """The newest snapshot of this projection version at or before ``at_most_seq``."""
         at_most = SEQ_LIMIT if at_most_seq is None else at_most_seq
-        with self._reading() as conn:
+        with self.database.reading() as conn:
             row = fetch_one(
                 conn, self._sql.load_snapshot, run=run, version=projection_version, at_most=at_most
             )
