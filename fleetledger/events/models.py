@@ -212,6 +212,8 @@ class ProbeRound(Event):
         return self
 
     def shards_named(self) -> tuple[int, ...]:
+        if not (self.failed or self.died):  # a healthy round: every append of one
+            return self.ok
         return (*self.ok, *(f.shard for f in self.failed), *(d.shard for d in self.died))
 
     def result_of(self, shard: int) -> ProbeFailure | ProbeDeath | Literal["ok"] | None:
