@@ -68,7 +68,6 @@ from fleetledger.events.errors import (
     LedgerNotWritable,
     LedgerOpenError,
     LedgerReadError,
-    LedgerWriteError,
     first_line,
 )
 from fleetledger.events.postgres_session import waited_too_long
@@ -174,12 +173,9 @@ class Database:
             ) from None
 
     def write_connection(self) -> Connection:
-        """A connection whose transactions take the write lock when they begin."""
-        if self.engine is None:
-            raise LedgerWriteError(
-                f"{self.display_url}: write failed (the ledger is read-only): it was opened "
-                "read-only, nothing was written"
-            )
+        """A connection whose transactions take the write lock when they begin (an open
+        with an engine: ``WriteConnections`` refuses a write to one without)."""
+        assert self.engine is not None
         return self.engine.connect().execution_options(fleetledger_write=True)
 
     def dispose(self) -> None:

@@ -73,8 +73,10 @@ class WriteConnections:
         """``body`` in one write transaction on this thread's connection, given its
         driver connection (every statement of the log runs on the driver); database
         errors become one ``LedgerWriteError``, a unique-key clash ``RetryWithLookups``."""
+        if self.database.engine is None:  # a SQLite read open: nothing to write with
+            raise self.error(None, False)
         try:
-            conn = self.connection()  # a read-only SQLite open has no engine: refused here
+            conn = self.connection()
         except DBAPIError as exc:
             raise self.error(exc.orig or exc, False) from None
         except SQLAlchemyError as exc:  # e.g. the pool's TimeoutError
@@ -96,8 +98,9 @@ class WriteConnections:
             self.drop()
             raise
 
-    def error(self, exc: BaseException, invalidated: bool) -> LedgerWriteError:
-        detail = self.database.scrub(first_line(exc))
+    def error(self, exc: BaseException | None, invalidated: bool) -> LedgerWriteError:
+        """The one line a failed write says; ``exc``: the driver's error, if it raised."""
+        detail = "" if exc is None else self.database.scrub(first_line(exc))
         hint = ""
         waited = waited_too_long(detail)
         if self.database.read_only:
@@ -111,4 +114,5 @@ class WriteConnections:
                 " (the connection was lost; the append may or may not have committed — "
                 "retry with the same events, their ids make the retry safe)"
             )
-        return LedgerWriteError(f"{self.database.display_url}: write failed{hint}: {detail}")
+        told = f": {detail}" if detail else ""
+        return LedgerWriteError(f"{self.database.display_url}: write failed{hint}{told}")
