@@ -1,7 +1,8 @@
 """The weight-sync contract between refit recovery and the transports.
 
 What the refit coordinator calls: ``reconcile(absent, force=)`` to make the communicator
-match the ledger's absent set, ``push(version)``, ``abort()``, and ``built_layout`` — the
+match the ledger's absent set, ``push(version)``, ``abort(gone=)`` (which reports whose
+load of the cut push had begun: :class:`AbortReport`), and ``built_layout`` — the
 rank layout the transport actually built, which the coordinator checks against the
 ledger's (a transport that builds no collective leaves it ``None``). What it gets back on
 failure: a :class:`RefitFailed` whose parties are typed (:class:`Party`), so the recovery
@@ -38,6 +39,7 @@ from fleetledger.projections.decisions import RefitFailureKind
 from fleetledger.projections.rank_layout import RankLayout
 
 __all__ = [
+    "AbortReport",
     "NoCollective",
     "Party",
     "PartyKind",
@@ -66,6 +68,30 @@ class PushReport:
     bytes: int
     checksum: str
     elapsed_s: float
+
+
+@dataclass(frozen=True)
+class AbortReport:
+    """What an abort learned about the push it cut: which shards said their load of the
+    pushed version had not begun (``untouched``) — they still hold whole weights of the
+    version before, and are not partial. A shard that did not answer, or whose load
+    began, may hold partial weights. The default (nothing known) leaves every shard
+    possibly partial, which is what a transport that cannot tell must say.
+
+    Story: a peer lost mid-broadcast marked every survivor partial though none had begun
+    loading: the serving set emptied for ~0.1 s, the epoch moved twice, and a router
+    answered 409 meanwhile.
+    """
+
+    untouched: frozenset[int] = frozenset()
+
+    def may_be_partial(self, shards: Iterable[int]) -> tuple[int, ...]:
+        """``shards`` whose weights may be partial, ascending."""
+        return tuple(sorted(set(shards) - self.untouched))
+
+    def __or__(self, other: AbortReport) -> AbortReport:
+        """Two aborts of one refit: a shard untouched by either's account is untouched."""
+        return AbortReport(self.untouched | other.untouched)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -195,8 +221,13 @@ class WeightSynchronizer(ABC):
         """Push the trainer's weights at ``version`` to every member; raise RefitFailed."""
 
     @abstractmethod
-    def abort(self) -> None:
-        """Abort the current communicator on every member that can still be reached."""
+    def abort(self, *, gone: Iterable[int] = ()) -> AbortReport:
+        """Abort the current communicator on every member that can still be reached.
+
+        ``gone``: shards known dead, absent or unresponsive (a failed probe, a silent
+        party): told to abort like the rest, but not waited for — a frozen participant
+        costs the time to detect it, no more. Returns what the members said about their
+        loads (:class:`AbortReport`)."""
 
 
 class NoCollective(WeightSynchronizer):
@@ -213,5 +244,5 @@ class NoCollective(WeightSynchronizer):
     def push(self, version: int) -> PushReport:
         return self._load(version)
 
-    def abort(self) -> None:
-        return None  # nothing collective to abort
+    def abort(self, *, gone: Iterable[int] = ()) -> AbortReport:
+        return AbortReport()  # nothing collective to abort, and nothing known of the loads

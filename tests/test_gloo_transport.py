@@ -246,7 +246,7 @@ def test_a_late_abort_of_an_old_build_leaves_the_new_communicator_alone(fleet, l
     old_build = fleet.sync.builds
     _reconcile(fleet, ledger, force=True)
     aborted = ray.get([w.refit_abort.remote(old_build) for w in fleet.workers], timeout=60)
-    assert aborted == [False] * SHARDS
+    assert [a["aborted"] for a in aborted] == [False] * SHARDS
     expected = fleet.step(1)
     assert fleet.sync.push(1).checksum == expected
 

@@ -35,6 +35,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
 from fleetledger.weight_sync import (  # noqa: E402
+    AbortReport,
     Party,
     PushReport,
     ReconcileOutcome,
@@ -268,7 +269,7 @@ class _ContextLossTransport(WeightSynchronizer):
             raise _remote_task_error(lost)
         raise lost
 
-    def abort(self) -> None:
+    def abort(self, *, gone=()) -> AbortReport:
         raise AssertionError("no rebuild may be attempted on a lost context")
 
 
@@ -309,8 +310,9 @@ class _FailsOnce(WeightSynchronizer):
             raise self.failures.pop()
         return PushReport(version, 1, 0, "", 0.0)
 
-    def abort(self) -> None:
+    def abort(self, *, gone=()) -> AbortReport:
         self.aborts += 1
+        return AbortReport()
 
 
 class _Answers:

@@ -48,9 +48,25 @@ def simulate(
             metavar="SHARD@STEP", help="Fail one generation of a shard (a transport blip)."
         ),
     ] = None,
+    kill_engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="SHARD@STEP",
+            help="SIGKILL a shard's engine core process only (vllm): the actor lives on, "
+            "Ray reports nothing.",
+        ),
+    ] = None,
     restart: Annotated[
         bool, typer.Option("--restart/--no-restart", help="Restart dead shards through Ray.")
     ] = False,
+    await_restarts: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="Before the last refit, wait at most SECONDS until no shard is DEAD or "
+            "RESTARTING, so it takes every replacement back (needs --restart).",
+        ),
+    ] = None,
     engine: Annotated[
         str,
         typer.Option(help="What serves generations: sim (simulated, fast) or vllm (real vLLM)."),
@@ -116,7 +132,8 @@ def simulate(
     A trainer actor steps, generation shards (simulated, or real vLLM engines with
     --engine vllm) serve rollouts through the least-outstanding selector (or through the
     run's router with --router), a refit follows every step, the controller probes and
-    watches; then the run's membership and replay are printed.
+    watches; then the run's membership and replay are printed. Exits with status 1 when
+    the run failed or was aborted (the outcome line is printed first).
     """
     # Imported when the command runs, not when the CLI starts (pydantic, Ray, torch): the
     # controller and the engines log through structlog itself, configured before they load.
@@ -145,6 +162,7 @@ def simulate(
                 ("freeze", freeze),
                 ("wedge", wedge),
                 ("blip", blip),
+                ("kill-engine", kill_engine),
             )
             for spec in specs or []
         )
@@ -181,6 +199,7 @@ def simulate(
             engine=engine,  # type: ignore[arg-type]  # validated by the spec
             model=model,
             router=router,
+            await_restarts_s=await_restarts,
         )
         if model is not None:
             resolve_model(model)  # a wrong directory is refused before any cluster starts
@@ -224,11 +243,15 @@ def simulate(
                 }
             ]
         )
-        return
-    say()
-    membership(result.run, db=db)
-    say()
-    replay(result.run, db=db)
+    else:
+        say()
+        membership(result.run, db=db)
+        say()
+        replay(result.run, db=db)
+    if result.outcome in ("failed", "aborted"):
+        # A script or CI job that runs a simulation must see the failure; 2 stays the
+        # usage/error status of every command, so a run that ran and failed is 1.
+        raise typer.Exit(code=1)
 
 
 def _require_vllm() -> None:

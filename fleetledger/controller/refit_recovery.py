@@ -23,14 +23,17 @@ partial, condemn a lone suspect, rebuild, retry once:
    moment, and exhaustion must not end the run for that):
    - ``refit_aborted``; probe every participant now and record the round (a conclusive
      death is recorded; a party the transport saw die is recorded as a death too);
-   - ``weights_marked_partial``: every serving shard holds a half-written version;
-   - abort the old communicator; if nothing is absent, the condemnation decision
+   - abort the old communicator (not waiting for a participant whose probe failed) and
+     ``weights_marked_partial`` for the shards whose load of the version may have begun,
+     as the members told the abort (every one that did not answer);
+   - if nothing is newly absent, the condemnation decision
      (``projections.decisions``) is recorded as it returns: the lone suspect condemned
      as the silent participant, or the refusal naming what was found and the end of the
      run; reconcile with force (after an abort the absent set can be unchanged while the
      communicator is gone);
-   - retry once; ``refit_completed`` re-admits every STALE participant at the trainer's
-     version. A second failure ends the run.
+   - retry; ``refit_completed`` re-admits every STALE participant at the trainer's
+     version. A retry that fails again is recovered the same way while each round
+     leaves a participant out (at most one round per shard); otherwise it ends the run.
 
 The transport is a :class:`~fleetledger.weight_sync.WeightSynchronizer`; its failure is
 a :class:`~fleetledger.weight_sync.RefitFailed` with typed parties (dead, silent,
@@ -61,6 +64,7 @@ from fleetledger.projections.decisions import (
     decide_refit_failure,
 )
 from fleetledger.weight_sync import (
+    AbortReport,
     Party,
     PushReport,
     RefitFailed,
@@ -176,6 +180,9 @@ class RefitCoordinator:
         # Each shard's incarnation (its restart count) when the refit began: a death
         # the push saw is of that process, never of a replacement started since.
         self._pushed_to: tuple[int, ...] = ()
+        # What the aborts of the refit in hand learned of the members' loads (the watch
+        # may abort before the recovery does; the second abort finds no communicator).
+        self._abort_report = AbortReport()
 
     # ── the refit ───────────────────────────────────────────────────────────
 
@@ -188,6 +195,7 @@ class RefitCoordinator:
         """
         absent, participants = self._snapshot()
         self._pushed_to = self.ledger.membership.restart_attempts
+        self._abort_report = AbortReport()
         self.ledger.refit_started(version, participants)
         try:
             self._reconcile(absent, force=False)
@@ -302,7 +310,8 @@ class RefitCoordinator:
             seq=seq,
         )
         try:
-            self.sync.abort()  # releases the survivors parked in the collective
+            # Releases the survivors parked in the collective; the lost one is not waited for.
+            self._abort(gone={shard})
         except Exception as exc:  # the recovery aborts again, and fails the run if it must
             detail += f" (aborting the communicator failed: {type(exc).__name__}: {exc})"
         return RefitFailed("push", detail=detail, kind=RefitFailureKind.ABORTED)
@@ -350,42 +359,85 @@ class RefitCoordinator:
         failure: BaseException,
         reason: str,
     ) -> RefitOutcome:
-        self.ledger.refit_aborted(version, reason)
-        failed = _refit_failed(failure)
-        if failed.dead_trainers:
-            # A trainer rank is never excluded: no rebuild over the shards can help.
-            trainers = list(failed.dead_trainers)
-            self._fail(f"refit v{version}: trainer rank(s) {trainers} died: {reason}")
-        self._find_the_dead(failed)
-        self.ledger.mark_weights_partial(version)
-        self.sync.abort()
-        # Deviation from the reference, which rebuilds once before condemning: with
-        # nothing newly absent that rebuild is over the very membership whose collective
-        # just hung, and a frozen participant fails it too (its membership call never
-        # returns). The outcome is the same; the communicator is built once, without the
-        # condemned shard.
-        condemned = None
-        if frozenset(self.ledger.view.absent) <= absent_before:
-            condemned = self._condemn_the_silent(version, reason, failed)
-        absent, participants = self._snapshot()
-        try:
-            self._reconcile(absent, force=True)
-        except Exception as exc:
-            self._fail(
-                f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}", exc
-            )
-        self.ledger.refit_started(version, participants)
-        try:
-            report = self._push_within(version, participants)
-        except Exception as second:
-            again = f"{type(second).__name__}: {second}"
-            self.ledger.refit_aborted(version, clip_text(f"retry: {again}"))
-            self._fail(f"refit v{version} failed again after recovery: {again}", second)
-        self.ledger.refit_completed(version, participants)
-        return RefitOutcome(version, participants, recovered=True, condemned=condemned, push=report)
+        """Recover in rounds: each finds who is gone, marks the partial, condemns a lone
+        suspect if nobody is newly absent, rebuilds and pushes again.
 
-    def _find_the_dead(self, failed: RefitFailed) -> None:
-        """Probe every participant now; record the round and the deaths the push saw."""
+        Departure from the reference, which retries once: a retry that fails again is
+        recovered again, as long as the failure is one a rebuild can help and every
+        round leaves a participant out (a death recorded, or a suspect condemned — the
+        condemnation decision ends the run when it finds none), so there are at most as
+        many rounds as shards. Story: two kills close together as a refit started ended
+        the run with a healthy survivor left, the second kill landing in the retry.
+        """
+        self.ledger.refit_aborted(version, reason)
+        condemned: int | None = None
+        while True:
+            failed = _refit_failed(failure)
+            if failed.dead_trainers:
+                # A trainer rank is never excluded: no rebuild over the shards can help.
+                trainers = list(failed.dead_trainers)
+                self._fail(f"refit v{version}: trainer rank(s) {trainers} died: {reason}")
+            unresponsive = self._find_the_dead(failed)
+            # Departure from the reference, which marks every serving shard partial: only
+            # a shard whose load of this version may have begun is, as the members
+            # reported it to the abort (one that did not answer may be). A survivor of a
+            # broadcast cut before it loaded still holds whole weights of the version
+            # before, and serves on: the serving set does not empty, the epoch does not
+            # move twice.
+            aborted = self._abort(gone=unresponsive | set(failed.silent_shards))
+            _, present = self._snapshot()
+            self.ledger.mark_weights_partial(version, aborted.may_be_partial(present))
+            # Deviation from the reference, which rebuilds once before condemning: with
+            # nothing newly absent that rebuild is over the very membership whose
+            # collective just hung, and a frozen participant fails it too (its membership
+            # call never returns). The outcome is the same; the communicator is built
+            # once, without the condemned shard.
+            if frozenset(self.ledger.view.absent) <= absent_before:
+                condemned = self._condemn_the_silent(version, reason, failed)
+            absent, participants = self._snapshot()
+            try:
+                self._reconcile(absent, force=True)
+            except Exception as exc:
+                self._fail(
+                    f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}",
+                    exc,
+                )
+            self._pushed_to = self.ledger.membership.restart_attempts
+            self._abort_report = AbortReport()
+            self.ledger.refit_started(version, participants)
+            try:
+                report = self._push_within(version, participants)
+            except Exception as again:
+                reason = clip_text(f"retry: {type(again).__name__}: {again}")
+                self.ledger.refit_aborted(version, reason)
+                with self.ledger.lock:
+                    decision = decide_refit_failure(
+                        self.ledger.view,
+                        version=version,
+                        kind=failure_kind_of(again),
+                        context_lost=_context_lost(again),
+                        failure=reason,
+                    )
+                if not decision.recover:
+                    self._fail(f"refit v{version} failed again after recovery: {reason}", again)
+                failure, absent_before = again, absent
+                self.recoveries += 1
+                continue
+            self.ledger.refit_completed(version, participants)
+            return RefitOutcome(
+                version, participants, recovered=True, condemned=condemned, push=report
+            )
+
+    def _abort(self, *, gone: set[int]) -> AbortReport:
+        """Abort the communicator, not waiting for ``gone``; what every abort of this
+        refit learned of the loads, together."""
+        self._abort_report |= self.sync.abort(gone=gone)
+        return self._abort_report
+
+    def _find_the_dead(self, failed: RefitFailed) -> set[int]:
+        """Probe every participant now; record the round and the deaths the push saw.
+        Returns the participants that did not answer the probe well (dead, frozen,
+        failing): an abort need not wait for them."""
         _, participants = self._snapshot()
         results = dict(self.prober.probe(participants, self.probe_timeout_s))
         for shard in participants:
@@ -398,6 +450,7 @@ class RefitCoordinator:
                     "died", f"seen dying by the refit: {text}", incarnation=incarnation
                 )
         self.ledger.record_probes(results)
+        return {shard for shard, result in results.items() if result.kind != "ok"}
 
     def _condemn_the_silent(self, version: int, reason: str, failed: RefitFailed) -> int:
         """Record the condemnation decision as it returns; a refusal ends the run."""

@@ -19,7 +19,8 @@ started it runs three things on one event loop:
   every request with the no-healthy status;
 - the **reporter**: every ``window_s`` it hands the window of outcomes (successes and
   failures per shard) to the ledger as one ``outcome_window_reported`` event from the
-  adapter ``name``; :meth:`Router.stop` hands over the last one.
+  adapter ``name``; :meth:`Router.stop` hands over the last one, :meth:`Router.flush`
+  the current one at once (for whoever ends the run: flush, then end).
 
 Outcome rules: a 2xx/3xx answer is a success of the shard; an error status is
 classified by the taxonomy (5xx, 408, 429: the shard's failure; other 4xx: the
@@ -221,6 +222,21 @@ class Router:
         if self._session is not None:
             await self._session.close()
         await asyncio.to_thread(self._close_ledger)
+
+    async def flush(self, settle_s: float = STOP_GRACE_S) -> int | None:
+        """Hand the window of outcomes to the ledger now; returns its seq once it is
+        durable (None: nothing to hand over). A refusal (the run has ended) is raised.
+
+        For whoever ends the run: a window handed over after ``run_ended`` is refused,
+        so the run's owner flushes, then ends. A client can hold its answer before the
+        handler that sent it has counted it, so requests still in flight get up to
+        ``settle_s`` to be counted first.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settle_s
+        while self._in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        return await asyncio.to_thread(self.reporter.flush)
 
     def serve_forever(self, stop: threading.Event | None = None) -> None:
         """Run the router on an event loop of its own in the calling thread until ``stop``

@@ -54,6 +54,13 @@ class RouterActor:
     async def pid(self) -> int:
         return os.getpid()
 
+    async def flush(self) -> int | None:
+        """Hand the pending outcome window to the ledger; returns once it is durable (its
+        seq, or None if there was none). Call it before ending the run: a window handed
+        over after the run ended is refused (:meth:`Router.flush`)."""
+        await asyncio.shield(self._started)
+        return await self._router.flush()
+
     async def stop(self) -> None:
         """Stop serving and hand the last outcome window over."""
         await asyncio.shield(self._started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -185,12 +186,67 @@ class SimulatedShard(GenerationShard):
 
 class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
     """A simulated engine that is also a member of the refit communicator: killing its
-    process takes its rank with it, as with a real engine's weight-sync worker."""
+    process takes its rank with it, as with a real engine's weight-sync worker.
+
+    Like a real engine it receives a push into staging buffers and then loads it (for
+    ``reload_s``): a push cut before the load leaves the weights it serves whole. It
+    also takes ``startup_s`` to come up, as an engine loads its model. ``stage_dir``
+    (chaos campaigns): the actor writes its pid there as it starts (``shard-N.pid``)
+    and each refit stage as it enters it (``shard-N.stage``: receiving, loading, idle),
+    so faults can be aimed at a phase from outside, with real signals.
+    """
+
+    _refit_staged = True
+
+    def __init__(
+        self,
+        index: int,
+        *,
+        reload_s: float = 0.0,
+        startup_s: float = 0.0,
+        stage_dir: str | None = None,
+        **engine: Any,
+    ) -> None:
+        self._stage_dir = stage_dir
+        self._tell("pid", str(os.getpid()), index)
+        if reload_s < 0 or startup_s < 0:
+            raise ValueError(f"reload_s and startup_s must be >= 0, got {reload_s}, {startup_s}")
+        if startup_s:
+            time.sleep(startup_s)  # the engine loading its model: the actor is not up yet
+        super().__init__(index, **engine)
+        self._reload_s = reload_s
+        self._stage = "idle"
+        self._enter("idle")
+
+    def _tell(self, what: str, text: str, index: int | None = None) -> None:
+        if self._stage_dir is None:
+            return
+        name = f"shard-{self._index if index is None else index}.{what}"
+        path = os.path.join(self._stage_dir, name)
+        with open(f"{path}.{os.getpid()}", "w") as out:
+            out.write(text)
+        os.replace(f"{path}.{os.getpid()}", path)
+
+    def _enter(self, stage: str) -> None:
+        self._stage = stage
+        self._tell("stage", stage)
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
-        received = await super().refit_broadcast(version)
-        await self.set_weight_version(version)  # it now serves from these weights
+        self._enter("receiving")
+        try:
+            received = await super().refit_broadcast(version)
+            self.refit_load_begins(version)
+            self._enter("loading")
+            if self._reload_s:
+                await asyncio.sleep(self._reload_s)
+            await self.set_weight_version(version)  # it now serves from these weights
+        finally:
+            self._enter("idle")
         return received
+
+    async def refit_stage(self) -> str:
+        """Where a refit is: ``receiving``, ``loading`` or ``idle`` (as the vLLM engine)."""
+        return self._stage
 
 
 def simulated_shard_factory(
@@ -201,12 +257,15 @@ def simulated_shard_factory(
     shard_class: type[SimulatedShard] = SimulatedShard,
     serve_http: bool = False,
     resources: Callable[[int], Mapping[str, float]] | None = None,
+    **options: Any,
 ) -> ShardFactory:
     """A factory of named simulated shard actors (no CPU reserved: they mostly wait).
 
     ``shard_class`` may add methods (e.g. ``SimulatedRefitShard``'s communicator member);
     ``serve_http``: each also serves its OpenAI-compatible app (its base URL).
     ``resources``: the custom Ray resources shard ``i`` asks for (to place it on a node).
+    ``options``: passed to the shard class as they are (``SimulatedRefitShard``'s
+    ``reload_s``, ``startup_s``, ``stage_dir``).
     """
     actor_class = ray.remote(shard_class)
 
@@ -217,6 +276,6 @@ def simulated_shard_factory(
             num_cpus=0,
             max_restarts=0,  # restarts are decisions: the controller records and makes them
             resources=dict(resources(shard)) if resources is not None else None,
-        ).remote(shard, generation_s=generation_s, serve_http=serve_http)
+        ).remote(shard, generation_s=generation_s, serve_http=serve_http, **options)
 
     return create

@@ -137,6 +137,8 @@ def _engine_dead_errors() -> tuple[type[BaseException], ...]:
 class VllmShard(CommunicatorActor, GenerationShard):
     """One vLLM engine of the fleet, in a Ray actor (see the module docstring)."""
 
+    _refit_staged = True  # received into a flat buffer, loaded by reload_weights
+
     def __init__(self, index: int, spec: VllmEngineSpec) -> None:
         if index < 0:
             raise ValueError(f"shard index must be >= 0, got {index}")
@@ -388,6 +390,7 @@ class VllmShard(CommunicatorActor, GenerationShard):
         try:
             received = await super().refit_broadcast(version)
             reload_at = time.monotonic()
+            self.refit_load_begins(version)  # from here, a cut refit may leave it partial
             self._refit_stage = "loading"
             async with self._load_lock:
                 kept = await self._load(version)

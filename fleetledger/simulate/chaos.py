@@ -3,8 +3,10 @@
 ``kill`` and ``freeze`` are SIGKILL and SIGSTOP on the shard's current process — looked
 up again after a restart replaced it — so what the controller sees is what it would see
 of a real engine; ``wedge`` and ``blip`` are faults inside the simulated engine, and on
-a vLLM engine a wedge is its engine core SIGSTOPped (``/health`` still answers). Frozen processes
-are thawed when the simulation ends, or they would outlive it.
+a vLLM engine a wedge is its engine core SIGSTOPped (``/health`` still answers).
+``kill-engine`` SIGKILLs a vLLM engine's core only: the actor lives on and Ray reports
+nothing — a death only the engine's own health check (or a request) sees. Frozen
+processes are thawed when the simulation ends, or they would outlive it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class ChaosInjector:
         elif chaos.action == "freeze":
             os.kill(pid, signal.SIGSTOP)
             self._frozen.append(pid)
+        elif chaos.action == "kill-engine":  # vLLM only (the spec refuses it otherwise)
+            pid = self._fleet.call(chaos.shard, "engine_pid", timeout_s=5.0)
+            os.kill(pid, signal.SIGKILL)
         elif self._real_engine:  # wedge: the engine core stops, the actor still answers
             pid = self._fleet.call(chaos.shard, "engine_pid", timeout_s=5.0)
             os.kill(pid, signal.SIGSTOP)

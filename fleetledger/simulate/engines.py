@@ -57,6 +57,9 @@ def choose_engine(spec: SimulationSpec, prefix: str, teardown: ExitStack) -> Eng
             generation_s=spec.generation_s,
             shard_class=SimulatedRefitShard,
             serve_http=spec.router,  # the router reaches shards over HTTP
+            reload_s=spec.reload_s,
+            startup_s=spec.startup_s,
+            stage_dir=spec.stage_dir,
         )
         return EngineChoice(factory, trainer, 60.0, _no_check, real=False)
     return _vllm(spec, prefix, teardown)

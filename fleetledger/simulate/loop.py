@@ -8,6 +8,10 @@ a replaced actor's old handle from being recorded against its replacement;
 the trainer steps on the rows; the refit coordinator pushes the new weights to every
 shard that is not absent, recovering a failed push. Chaos lands halfway through one
 generation time of its step, so a kill hits a shard that is serving.
+
+With ``await_restarts_s`` the last refit waits until no restart is pending, so it takes
+every replacement back; with the router, its last outcome window is flushed before the
+loop ends the run (a window handed over after the end is refused).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -34,6 +39,7 @@ from fleetledger.controller.retry_policy import (
     run_rollout,
 )
 from fleetledger.events.log import EventLog
+from fleetledger.projections.shard_states import ShardState
 from fleetledger.simulate.spec import RefitRecord, SimulationResult, SimulationSpec
 from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
 
@@ -62,6 +68,7 @@ class Simulation:
         self.train_steps = 0
         self.refits: list[RefitRecord] = []
         self.committed_groups = 0
+        self.committed_prompts: Counter[str] = Counter()
         self.halted = threading.Event()
         self.step_task: asyncio.Future[None] | None = None
         self.event_loop: asyncio.AbstractEventLoop | None = None
@@ -106,6 +113,7 @@ class Simulation:
             )
         )
         self.committed_groups += 1
+        self.committed_prompts.update(prompts)
         return [_reward(g) for g in generations]
 
     # ── one step ───────────────────────────────────────────────────────────
@@ -128,11 +136,49 @@ class Simulation:
         self.reports.flush()
         version: int = await self.w.trainer.step.remote(rows)
         self.train_steps += 1
+        if step == self.spec.steps and self.spec.await_restarts_s is not None:
+            # After the train step, so no work remains and the wait is not a stall.
+            await self.restarts_done(self.spec.await_restarts_s)
         # Pushed to every shard that is not absent; a failed push is recovered.
         outcome = await asyncio.to_thread(self.w.coordinator.refit, version)
         # Checked where the engine has a model: its logprobs against the trainer's.
         diff = await asyncio.to_thread(self.w.check_refit, self.w.fleet, outcome.participants)
         self.refits.append(RefitRecord(version, outcome.participants, diff))
+
+    async def restarts_done(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` until no shard is DEAD or RESTARTING.
+
+        A replacement is STALE until a refit includes it, and DEAD or RESTARTING shards
+        are absent from a refit: without the wait, a shard restarted during the last
+        step would end the run STALE, serving nothing on the last weights.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending = _restarts_pending(self.w.ledger.membership.states)
+        if not pending:
+            return
+        self.echo(f"  awaiting the restart of shard(s) {list(pending)} (at most {timeout_s:g}s)")
+        while pending and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            pending = _restarts_pending(self.w.ledger.membership.states)
+        if pending:
+            self.echo(
+                f"  --await-restarts {timeout_s:g}: shard(s) {list(pending)} still DEAD or "
+                "RESTARTING; the last refit goes without them"
+            )
+
+    async def flush_router(self) -> None:
+        """The router's pending outcome window into the ledger, before the loop ends the
+        run: a window handed over after ``run_ended`` is refused, and with it the last
+        rollouts' outcomes. A failure is said, never raised: the run must still end."""
+        if self.w.routed is None:
+            return
+        try:
+            await self.w.routed.flush_outcomes()
+        except Exception as exc:
+            self.echo(
+                f"  router: its last outcome window was not recorded: {type(exc).__name__}: {exc}"
+            )
 
     # ── the whole run ──────────────────────────────────────────────────────
 
@@ -169,6 +215,7 @@ class Simulation:
             try:
                 await self.step_task
             except RolloutAbandoned as exc:
+                await self.flush_router()
                 return "failed", self.w.controller.end_run_failed(str(exc))
             except RunFailed as exc:  # the refit could not be recovered; the run is ended
                 return "failed", str(exc)
@@ -190,6 +237,7 @@ class Simulation:
         ended = ledger.view.ended
         if ended is not None:
             return ended.outcome, ended.cause
+        await self.flush_router()
         ledger.end_run("completed", f"{self.train_steps} of {self.spec.steps} steps done")
         return "completed", f"{self.train_steps} of {self.spec.steps} steps done"
 
@@ -221,8 +269,19 @@ class Simulation:
             finally:
                 self.w.close()
         return SimulationResult(
-            run, outcome, cause, self.train_steps, self.counters.snapshot(), tuple(self.refits)
+            run,
+            outcome,
+            cause,
+            self.train_steps,
+            self.counters.snapshot(),
+            tuple(self.refits),
+            dict(self.committed_prompts),
         )
+
+
+def _restarts_pending(states: tuple[str, ...]) -> tuple[int, ...]:
+    absent_until_restarted = (ShardState.DEAD, ShardState.RESTARTING)
+    return tuple(i for i, state in enumerate(states) if state in absent_until_restarted)
 
 
 def run_simulation(

@@ -5,12 +5,17 @@ the run's router over HTTP (the ``openai`` client, as a user would), the router 
 the least outstanding serving shard from the ledger and reports each shard's outcomes
 itself. The retry policy still runs on this side — a 500 from a backend that failed is
 infrastructure and retried, and the router will have avoided that backend meanwhile.
+Before the loop ends the run it has the router hand its last outcome window over
+(:meth:`RoutedRollouts.flush_outcomes`): a window handed over after the end is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from ray.actor import ActorHandle
 
 from fleetledger.controller.generation_shard import Generation, GenerationRequest
 
@@ -23,12 +28,25 @@ SHARD_HEADER = "x-fleetledger-shard"
 """The response header in which the router names the shard that served."""
 
 
+FLUSH_TIMEOUT_S = 30.0
+"""Bound of the router's flush: its requests in flight settle (5 s), then one append."""
+
+
 class RoutedRollouts:
-    def __init__(self, url: str, model: str, *, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        timeout_s: float | None,
+        router: ActorHandle | None = None,
+    ) -> None:
+        """``router``: the router's actor (:class:`RouterActor`), asked to flush."""
         import openai
 
         self.url = url
         self.model = model
+        self._router = router
         self._client = openai.AsyncOpenAI(
             base_url=url, api_key="unused", max_retries=0, timeout=timeout_s or 600.0
         )
@@ -59,6 +77,16 @@ class RoutedRollouts:
             text=completion.choices[0].text,
             tokens=completion.usage.completion_tokens if completion.usage else 0,
         )
+
+    async def flush_outcomes(self) -> int | None:
+        """Have the router hand its pending outcome window to the ledger; returns once it
+        is durable (its seq; None: nothing pending, or no router actor to ask)."""
+        if self._router is None:
+            return None
+        seq: int | None = await asyncio.wait_for(
+            self._router.flush.remote(), timeout=FLUSH_TIMEOUT_S
+        )
+        return seq
 
     async def close(self) -> None:
         await self._client.close()

@@ -7,14 +7,15 @@ a run that starts and then does nothing.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
 from fleetledger.controller.config import ControllerConfig
 from fleetledger.events.models import shard_outside
 
-ChaosAction = Literal["kill", "freeze", "wedge", "blip"]
-CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip")
+ChaosAction = Literal["kill", "freeze", "wedge", "blip", "kill-engine"]
+CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip", "kill-engine")
 
 EngineKind = Literal["sim", "vllm"]
 ENGINES: tuple[EngineKind, ...] = ("sim", "vllm")
@@ -27,7 +28,8 @@ class Chaos:
     ``kill`` SIGKILLs the shard's process, ``freeze`` SIGSTOPs it, ``wedge`` makes every
     later generation hang while probes still answer (a vLLM engine: its engine core is
     SIGSTOPped, the real wedge), ``blip`` fails its next generation once with a
-    transport error (the simulated engine only).
+    transport error (the simulated engine only), ``kill-engine`` SIGKILLs a vLLM
+    engine's core process only: the actor lives on, and Ray never reports the death.
     """
 
     action: ChaosAction
@@ -97,19 +99,39 @@ class SimulationSpec:
     engine: EngineKind = "sim"
     model: str | None = None  # vllm only: a local Hugging Face model (default: tiny Llama)
     router: bool = False  # rollouts over HTTP through the run's router
+    # Before the last refit, wait at most this long until no shard is DEAD or RESTARTING.
+    await_restarts_s: float | None = None
+    # The simulated engine's own clocks (chaos campaigns aim faults at them): how long a
+    # refit's load takes after the bytes are in, how long an engine takes to come up, and
+    # where each shard writes its pid and refit stage (SimulatedRefitShard).
+    reload_s: float = 0.0
+    startup_s: float = 0.0
+    stage_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"--engine {self.engine}: expected one of {', '.join(ENGINES)}")
         if self.model is not None and self.engine != "vllm":
             raise ValueError("--model is for --engine vllm (the simulated engine has no model)")
-        if self.engine == "vllm":
-            for c in self.chaos:
-                if c.action == "blip":
-                    raise ValueError(
-                        f"--blip {c.shard}@{c.step}: a blip is a fault of the simulated engine; "
-                        "a vLLM engine is killed, frozen or wedged for real"
-                    )
+        for c in self.chaos:
+            if self.engine == "vllm" and c.action == "blip":
+                raise ValueError(
+                    f"--blip {c.shard}@{c.step}: a blip is a fault of the simulated engine; "
+                    "a vLLM engine is killed, frozen or wedged for real"
+                )
+            if self.engine != "vllm" and c.action == "kill-engine":
+                raise ValueError(
+                    f"--kill-engine {c.shard}@{c.step}: only a vLLM engine has an engine core "
+                    "process (--engine vllm); kill a simulated shard with --kill"
+                )
+        if self.await_restarts_s is not None:
+            if not self.config.fleet_health.restart_dead_shards:
+                raise ValueError(
+                    f"--await-restarts {self.await_restarts_s:g} needs --restart: without it "
+                    "no dead shard is restarted, so there is nothing to wait for"
+                )
+            if not self.await_restarts_s > 0:
+                raise ValueError(f"--await-restarts {self.await_restarts_s:g}: must be > 0 seconds")
         for name in ("shards", "steps", "groups_per_step", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -153,3 +175,5 @@ class SimulationResult:
     steps_done: int
     counters: dict[str, object]
     refits: tuple[RefitRecord, ...] = ()
+    # prompt id -> how many times the trainer received it in a committed group
+    committed_prompts: Mapping[str, int] = field(default_factory=dict)

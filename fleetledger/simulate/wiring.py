@@ -202,4 +202,6 @@ def _router(
     with urllib.request.urlopen(f"{url}/models", timeout=30) as answer:
         model = json.load(answer)["data"][0]["id"]
     echo(f"router on {url} (model {model})")
-    return RoutedRollouts(url, model, timeout_s=spec.config.timeouts.generation_timeout_s)
+    return RoutedRollouts(
+        url, model, timeout_s=spec.config.timeouts.generation_timeout_s, router=handle
+    )

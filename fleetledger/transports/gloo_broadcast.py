@@ -45,6 +45,7 @@ from fleetledger.transports.gloo_rank import (
     PeerLost,
 )
 from fleetledger.weight_sync import (
+    AbortReport,
     Party,
     PushReport,
     ReconcileOutcome,
@@ -56,7 +57,8 @@ from fleetledger.weight_sync import (
 __all__ = ["GlooBroadcastSynchronizer"]
 
 ABORT_WAIT_S = 5.0
-"""How long ``abort()`` waits for the members to acknowledge (it only sets a flag)."""
+"""How long ``abort()`` waits for the members not known gone to acknowledge (it only sets
+a flag, answered on the member's event loop within milliseconds)."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -131,6 +133,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         self.grace_s = grace_s
         self.settle_s = _plus(refit_timeout_s, grace_s) if settle_s is None else settle_s
         self.builds = 0
+        # The version of the last push into the current communicator: an abort asks each
+        # member whether its load of it had begun (None: nothing pushed into it).
+        self._pushing: int | None = None
 
     @property
     def dp_size(self) -> int:
@@ -214,7 +219,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             "build",
         )
         # Recorded only now: a failed build leaves the record describing what exists.
-        self.builds = build
+        self.builds, self._pushing = build, None
         self.built_absent, self.built_layout = absent, layout
         self.rebuilds += 1
         return ReconcileOutcome.REBUILT
@@ -228,6 +233,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                 "push", detail="no communicator: reconcile first", kind=RefitFailureKind.ABORTED
             )
         started = time.monotonic()
+        self._pushing = version
 
         def give_up() -> None:
             # A deterministic failure: no rebuild follows, so nobody needs to settle;
@@ -264,19 +270,46 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             elapsed_s=time.monotonic() - started,
         )
 
-    def abort(self) -> None:
+    def abort(self, *, gone: Iterable[int] = ()) -> AbortReport:
         """Tell every member still reachable to abort its group — which releases a push
-        parked in it — and wait a little for them to say so, not more."""
+        parked in it — and wait a little for the ones not ``gone`` to say so, not more.
+
+        Each member answers with the version whose load it last began: a shard all of
+        whose workers answered with another version than the push's is untouched."""
         layout, build = self.built_layout, self.builds
         self.built_absent = self.built_layout = None
         if layout is None:
-            return
-        self._abort_members(layout, build)
+            # No communicator: nothing to tell. If nothing was pushed since the last
+            # build (a first build that failed, say), no member can have begun a load.
+            return AbortReport(frozenset(self._workers) if self._pushing is None else frozenset())
+        return self._abort_members(layout, build, frozenset(gone))
 
-    def _abort_members(self, layout: RankLayout, build: int) -> None:
-        refs = [h.refit_abort.remote(build) for _, _, h in self._members(layout)]
+    def _abort_members(
+        self, layout: RankLayout, build: int, gone: frozenset[int] = frozenset()
+    ) -> AbortReport:
+        asked = [(p, h.refit_abort.remote(build)) for _, p, h in self._members(layout)]
+        # A member known gone is told (a dead one's call fails at once) but not waited
+        # for: a frozen participant used to cost ABORT_WAIT_S on top of its detection.
+        awaited = [ref for p, ref in asked if not (p.kind == "shard" and p.index in gone)]
         wait = ABORT_WAIT_S if self.settle_s is None else min(self.settle_s, ABORT_WAIT_S)
-        ray.wait(refs, num_returns=len(refs), timeout=wait)
+        if awaited:
+            ray.wait(awaited, num_returns=len(awaited), timeout=wait)
+        loading: dict[int, list[int | None]] = {}
+        for party, ref in asked:
+            if party.kind != "shard":
+                continue
+            try:
+                said = ray.get(ref, timeout=0)
+            except Exception:  # no answer (yet), or gone: its weights may be partial
+                loading.setdefault(party.index, []).append(self._pushing)
+                continue
+            loading.setdefault(party.index, []).append(said.get("loading"))
+        untouched = frozenset(
+            shard
+            for shard, versions in loading.items()
+            if self._pushing is None or all(v != self._pushing for v in versions)
+        )
+        return AbortReport(untouched)
 
     # ── waiting ─────────────────────────────────────────────────────────────
 

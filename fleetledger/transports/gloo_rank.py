@@ -8,13 +8,20 @@ would build NCCL over the same store; the contract does not change.)
 
 Rules carried from the failure stories:
 
-- **Bind first, release afterwards, and bound the release.** Rank 0 (always a trainer)
-  opens the new store before anyone joins; the previous group is released only once the
-  new one exists, on a daemon thread that is never joined: aborting a group whose peer
-  is frozen can block forever (NCCL), and an ordinary worker thread would move that wedge
-  to interpreter exit. (On gloo in torch 2.13 ``abort()`` is a no-op: the old group is
-  simply dropped — its destructor waits for an op still parked in it, hence the thread —
-  and a member still inside its collective is released by the rule below.)
+- **Bind first, release afterwards, and never on a hot thread.** Rank 0 (always a
+  trainer) opens the new store before anyone joins; the previous group is released only
+  once the new one exists. Released means handed to the graveyard (:class:`_Graveyard`):
+  one daemon thread per process that aborts the group (NCCL's abort can block forever;
+  on gloo in torch 2.13 it is a no-op) and *holds* it until no collective is parked in
+  it any more, and only then drops it. Story: a gloo group's destructor joins its worker
+  threads, so it waits for an op still parked in it — up to the op timeout. The group
+  used to be dropped wherever its last reference went, and that was often the traceback
+  of the push that left it (an exception cycle freed by the garbage collector on the
+  actor's event-loop thread): both survivors of a kill at refit time stopped answering
+  probes for over 1.5 s and were condemned as dead. Nothing of ours keeps a group in a
+  frame that an exception carries away (:meth:`CommunicatorMember.broadcast` lets go of
+  it before it raises), and whoever drops the last reference after the graveyard did,
+  drops a group with no op parked in it: its destructor returns at once.
 - **Abort, never destroy**: destroying is a collective that a dead rank cannot join.
 - **Every push is bounded** by ``refit_timeout_s`` (``None``: unbounded, explicitly):
   each collective by the group's op timeout, and the whole push by a deadline checked
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -112,20 +120,92 @@ def checksum(tensors: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def _release(group: Any, store: Any) -> None:
-    """Abort a previous group without waiting for it (see the module docstring).
+class _Communicator:
+    """One build's group, the store it was built over, and the collectives parked in it.
 
-    The store travels with the group into the thread, so it stays bound until the
-    group it serves has been aborted.
+    ``aborted`` is set when the build is aborted or replaced: a push waiting in it
+    leaves. ``parked`` holds the ``Work`` of every collective a push left behind (gloo
+    cannot cancel it), ``pushes`` counts the pushes still inside: the graveyard drops the
+    group only once no push is inside and every parked collective completed.
     """
 
-    def release(group: Any, _store: Any) -> None:
-        try:
-            group.abort()
-        except Exception:  # a group that cannot abort is dropped all the same
-            pass
+    __slots__ = ("__weakref__", "_lock", "aborted", "group", "parked", "pushes", "store")
 
-    threading.Thread(target=release, args=(group, store), name="refit-release", daemon=True).start()
+    def __init__(self, group: Any, store: Any) -> None:
+        self.group = group
+        self.store = store
+        self.aborted = threading.Event()
+        self.parked: list[Any] = []
+        self.pushes = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.pushes += 1
+
+    def leave(self, parked: Any = None) -> None:
+        """A push leaves, leaving ``parked`` behind (its collective's ``Work``) if given."""
+        with self._lock:
+            if parked is not None:
+                self.parked.append(parked)
+            self.pushes -= 1
+
+    def settled(self) -> bool:
+        """No push of ours is inside the group and no collective is parked in it."""
+        with self._lock:
+            # A push that has not seen the abort yet would drop the last reference itself
+            # on its way out, and wait out its op there.
+            return self.pushes == 0 and all(work.is_completed() for work in self.parked)
+
+
+class _Graveyard:
+    """Aborted communicators, held until nothing is parked in them, dropped off hot threads.
+
+    One daemon thread per process, started with the first burial. It aborts each group
+    (a no-op on gloo; NCCL's may block, and blocks only this thread), keeps it while any
+    collective is parked in it, and drops it once they all completed — so the group's
+    destructor, which joins gloo's worker threads, never waits for an op and never runs
+    on a thread that answers probes. The held groups live in this thread's own frame,
+    which interpreter exit never tears down: a group whose op never completes (an
+    unbounded op timeout) is not destroyed at exit either.
+    """
+
+    def __init__(self) -> None:
+        self._arrivals: queue.SimpleQueue[_Communicator] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def bury(self, communicator: _Communicator) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="refit-graveyard", daemon=True
+                )
+                self._thread.start()
+        self._arrivals.put(communicator)
+
+    def _run(self) -> None:
+        held: list[_Communicator] = []
+        while True:
+            try:
+                arrived = self._arrivals.get(timeout=REAP_POLL_S if held else None)
+            except queue.Empty:
+                arrived = None
+            if arrived is not None:
+                try:
+                    arrived.group.abort()
+                except Exception:  # a group that cannot abort is held and dropped all the same
+                    pass
+                held.append(arrived)
+                del arrived
+            # The settled ones' destructors run here, with no op parked in them.
+            held = [communicator for communicator in held if not communicator.settled()]
+
+
+REAP_POLL_S = 0.2
+"""How often the graveyard looks whether a held group's parked collectives completed."""
+
+GRAVEYARD = _Graveyard()
 
 
 class CommunicatorMember:
@@ -136,12 +216,8 @@ class CommunicatorMember:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
         self.version = 0
-        self._group: Any = None
-        self._store: Any = None
+        self._current: _Communicator | None = None
         self._pending_store: Any = None
-        # Set when the current group is aborted or replaced; a new one per build, so a
-        # push parked in an old group leaves and a push in the new one is unaffected.
-        self._aborted = threading.Event()
         self._collective_timeout_s: float | None = 300.0
         self._lock = threading.Lock()
         self.in_flight = 0  # pushes inside a collective now (parked ones included)
@@ -205,34 +281,32 @@ class CommunicatorMember:
             UNBOUNDED if collective_timeout_s is None else timedelta(seconds=collective_timeout_s)
         )
         self._collective_timeout_s = collective_timeout_s
-        old_group, old_store, old_aborted = self._group, self._store, self._aborted
-        self._group, self._store = group, store
-        self._aborted = threading.Event()
+        old, self._current = self._current, _Communicator(group, store)
+        del group, store  # held by the communicator alone
         self.build, self.rank, self.world_size = build, rank, world_size
-        old_aborted.set()  # a push still parked in the old group leaves it
-        if old_group is not None:
-            _release(old_group, old_store)
+        if old is not None:
+            old.aborted.set()  # a push still parked in the old group leaves it
+            GRAVEYARD.bury(old)
         return {"build": build, "rank": rank, "world_size": world_size}
 
     def abort(self, build: int | None = None) -> bool:
-        """Abort the current group and release a push parked in it (bounded: the group is
-        dropped on a daemon thread). True if there was one.
+        """Abort the current group and release a push parked in it (the group goes to the
+        graveyard, never dropped here). True if there was one.
 
         ``build``: abort only if the current group is that build — an abort that arrives
         late, after a newer build was joined, must not tear down the new communicator.
         """
         if build is not None and build != self.build:
             return False
-        group, store = self._group, self._store
-        self._group = self._store = None
-        self._aborted.set()
+        old, self._current = self._current, None
         if self.in_flight and self.rank != 0:
             # The orphaned receive stays parked inside gloo, writing into these buffers
             # if it ever completes: take fresh ones (the values are partial either way).
             self.tensors = {name: t.clone() for name, t in self.tensors.items()}
-        if group is None:
+        if old is None:
             return False
-        _release(group, store)
+        old.aborted.set()
+        GRAVEYARD.bury(old)
         return True
 
     # ── pushing ─────────────────────────────────────────────────────────────
@@ -252,24 +326,35 @@ class CommunicatorMember:
 
     def broadcast(self, version: int) -> dict[str, Any]:
         """Take part in one push from rank 0; returns the checksum of what this rank holds."""
-        group, aborted, tensors = self._group, self._aborted, self.tensors
-        if group is None:
+        communicator, tensors = self._current, self.tensors
+        if communicator is None:
             raise NoCommunicator("no communicator: reconcile before pushing")
         if not tensors:
             raise RuntimeError("no tensors to push or receive into (allocate first)")
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
         limit = self._collective_timeout_s
         deadline = None if limit is None else time.monotonic() + limit
         with self._lock:
             self.in_flight += 1
+        failure: Exception | None = None
+        parked: Any = None
+        communicator.enter()
         try:
-            for name in sorted(tensors):
-                work = group.broadcast([tensors[name]], opts)
-                self._wait(work, aborted, deadline, f"push of v{version}, tensor {name!r}")
+            _broadcast_all(communicator, tensors, deadline, limit, f"push of v{version}")
+        except _LeftParked as left:
+            parked, failure = left.work, left.failure
+        except Exception as exc:
+            failure = exc
         finally:
+            communicator.leave(parked)
+            del communicator, parked
             with self._lock:
                 self.in_flight -= 1
+        if failure is not None:
+            # Raised outside the handler and without its traceback: no frame that holds
+            # the group travels with it. The group lives in the member and, once aborted,
+            # in the graveyard — never in a traceback that a garbage collection on the
+            # event-loop thread would be the one to free.
+            raise _detached(failure)
         self.version = version
         return {
             "rank": self.rank,
@@ -278,25 +363,66 @@ class CommunicatorMember:
             "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
         }
 
-    def _wait(
-        self, work: Any, aborted: threading.Event, deadline: float | None, where: str
-    ) -> None:
-        """Wait for one collective in slices; leave when aborted or past the deadline."""
-        poll = timedelta(seconds=ABORT_POLL_S)
-        while True:
-            try:
-                work.wait(poll)
+
+class _LeftParked(Exception):
+    """A push left its collective parked (aborted, or past its deadline): the ``Work``
+    it leaves behind, and the failure the caller gets."""
+
+    def __init__(self, work: Any, failure: Exception) -> None:
+        super().__init__(str(failure))
+        self.work = work
+        self.failure = failure
+
+
+def _detached(exc: Exception) -> Exception:
+    """``exc`` without its traceback or the exceptions it was raised from (their frames
+    hold the communicator); its message says where it failed."""
+    exc.__traceback__ = exc.__context__ = exc.__cause__ = None
+    return exc
+
+
+def _broadcast_all(
+    communicator: _Communicator,
+    tensors: Mapping[str, torch.Tensor],
+    deadline: float | None,
+    limit: float | None,
+    where: str,
+) -> None:
+    """Every tensor, by name, from rank 0; waited for in slices (see :func:`_wait`)."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    for name in sorted(tensors):
+        work = communicator.group.broadcast([tensors[name]], opts)
+        _wait(work, communicator, deadline, limit, f"{where}, tensor {name!r}")
+
+
+def _wait(
+    work: Any,
+    communicator: _Communicator,
+    deadline: float | None,
+    limit: float | None,
+    where: str,
+) -> None:
+    """Wait for one collective in slices; leave when aborted or past the deadline.
+
+    Leaving raises :class:`_LeftParked` with the collective still parked: the push hands
+    it to its communicator, which the graveyard holds until it completed."""
+    poll = timedelta(seconds=ABORT_POLL_S)
+    while True:
+        try:
+            work.wait(poll)
+            return
+        except RuntimeError:
+            if work.is_completed():  # the op itself failed, not our slice of waiting
+                try:
+                    work.wait()  # its own error, not the slice's "Operation timed out!"
+                except RuntimeError as failed:
+                    raise _collective_error(failed, where) from None
                 return
-            except RuntimeError:
-                if work.is_completed():  # the op itself failed, not our slice of waiting
-                    try:
-                        work.wait()  # its own error, not the slice's "Operation timed out!"
-                    except RuntimeError as failed:
-                        raise _collective_error(failed, where) from failed
-                    return
-            if aborted.is_set():
-                raise CollectiveAborted(f"{where}: the communicator was aborted")
-            if deadline is not None and time.monotonic() > deadline:
-                raise CollectiveTimedOut(
-                    f"{where}: exceeded refit_timeout_s={self._collective_timeout_s:g}"
-                )
+        left = None
+        if communicator.aborted.is_set():
+            left = CollectiveAborted(f"{where}: the communicator was aborted")
+        elif deadline is not None and time.monotonic() > deadline:
+            left = CollectiveTimedOut(f"{where}: exceeded refit_timeout_s={limit:g}")
+        if left is not None:
+            raise _LeftParked(work, left)

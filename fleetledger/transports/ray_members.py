@@ -67,6 +67,12 @@ class CommunicatorActor:
     # engine needs its new rank offsets); trainers are never excluded and need not be.
     _refit_needs_membership: bool = True
     _refit_announced: tuple[int, dict[str, Any]] | None = None
+    # Where a push lands. False: in place — the received tensors are the weights this
+    # member serves, so a receive that began is a load that began. True: into staging
+    # buffers, loaded afterwards; the engine calls ``refit_load_begins`` when it starts
+    # loading (the simulated and the vLLM engine do).
+    _refit_staged: bool = False
+    _refit_loading: int | None = None  # the version whose load this member last began
 
     def _member(self) -> CommunicatorMember:
         if self._refit_member is None:
@@ -112,13 +118,22 @@ class CommunicatorActor:
         )
 
     async def refit_broadcast(self, version: int) -> dict[str, Any]:
+        if not self._refit_staged:
+            self.refit_load_begins(version)  # received in place: the receive is the load
         return await _on_daemon_thread(self._member().broadcast, version)
 
-    async def refit_abort(self, build: int | None = None) -> bool:
+    def refit_load_begins(self, version: int) -> None:
+        """This member starts changing the weights it serves to ``version``: from here on
+        a failed refit may leave them partial (what an abort reports)."""
+        self._refit_loading = version
+
+    async def refit_abort(self, build: int | None = None) -> dict[str, Any]:
         """Abort the group (only if it is ``build``, when given) and release a push parked
-        in it. On the event loop, not a thread: it only sets a flag and hands the group
-        to a releasing thread, so it answers even while a collective is parked."""
-        return self._member().abort(build)
+        in it; say whether it was aborted and which version's load this member last began
+        (``loading``: ``None``, never). On the event loop, not a thread: it only sets a
+        flag and hands the group to the graveyard, so it answers even while a collective
+        is parked."""
+        return {"aborted": self._member().abort(build), "loading": self._refit_loading}
 
     async def refit_in_flight(self) -> int:
         """Pushes of this member still inside a collective (parked ones included)."""

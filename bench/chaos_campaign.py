@@ -1,0 +1,114 @@
+"""The chaos campaign, run by hand: N trials of a real simulated fleet, faults at random
+moments, judged by the oracle; one line per trial and a summary.
+
+    python bench/chaos_campaign.py --trials 300 --seed 1
+    python bench/chaos_campaign.py --replay 123456789      # one trial again, by its seed
+
+Each trial's scenario (fault kinds, shards, phase, step, delays) is drawn from its own
+seed (printed on its line), so any trial replays alone. The trials share one local Ray
+cluster and one SQLite ledger (``--db``, a fresh file under the temp dir by default);
+each is a run of its own, there to be explained afterwards:
+``fleetledger explain RUN --db URL``.
+
+What the oracle checks: fleetledger/simulate/oracle.py. Exit status 1 when any trial
+failed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+from fleetledger.controller.ray_fleet import local_ray
+from fleetledger.events.log import EventLog
+from fleetledger.simulate.campaign import dumps, plan_trial, run_trial, trial_seeds
+from fleetledger.simulate.oracle import REFIT_AFTER_DEATH_BOUND_S, judge_from_log
+
+
+def _figures(samples: list[float]) -> str:
+    if not samples:
+        return "-"
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return f"p50 {statistics.median(ordered):5.2f}s  p99 {p99:5.2f}s  max {ordered[-1]:5.2f}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--replay", type=int, action="append", help="run this trial seed")
+    parser.add_argument("--db", help="ledger URL (default: a fresh SQLite file)")
+    parser.add_argument("--jsonl", help="write one JSON line per trial here")
+    args = parser.parse_args(argv)
+    db = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fl-chaos-')}/chaos.db"
+    seeds = args.replay or list(trial_seeds(args.seed, args.trials))
+    log = EventLog.open(db)  # created (and migrated) once, before any trial reads it
+    out = open(args.jsonl, "w") if args.jsonl else None
+    detection: dict[tuple[str, str], list[float]] = defaultdict(list)
+    recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
+    failed = false_deaths = hung = lost = 0
+    started = time.monotonic()
+    print(f"chaos campaign: {len(seeds)} trials, ledger {db}", flush=True)
+    with local_ray():
+        import ray
+
+        address = ray.get_runtime_context().gcs_address
+        for n, seed in enumerate(seeds, 1):
+            plan = plan_trial(seed)
+            outcome = run_trial(plan, db, ray_address=address)
+            verdict = judge_from_log(log, outcome)
+            false_deaths += verdict.false_deaths
+            lost += verdict.lost_prompts
+            hung += verdict.hung
+            failed += not verdict.ok
+            for key, s in verdict.detection_s.items():
+                detection[key].append(s)
+            for key, s in verdict.recovery_s.items():
+                recovery[key].append(s)
+            faults = ", ".join(
+                f"{i.fault.kind} shard {i.fault.shard} {i.fault.phase}@{i.fault.step}"
+                + (f" (skipped: {i.skipped})" if i.skipped else "")
+                for i in outcome.injections
+            )
+            status = "ok  " if verdict.ok else "FAIL"
+            print(
+                f"{status} {n:4d} seed {seed:<10d} {plan.label:<28s} {outcome.outcome:<9s} "
+                f"{outcome.elapsed_s:5.1f}s  run {outcome.run}  [{faults}]",
+                flush=True,
+            )
+            for problem in verdict.problems:
+                print(f"       {problem}", flush=True)
+            if out is not None:
+                out.write(dumps(outcome) + "\n")
+            if outcome.outcome == "hung":
+                print("a trial hung: the campaign stops here", flush=True)
+                break
+    if out is not None:
+        out.close()
+    log.close()
+    print(
+        f"\n{len(seeds)} trials in {time.monotonic() - started:.0f}s: {failed} failed the "
+        f"oracle, {false_deaths} false deaths, {hung} hung runs, {lost} lost prompts"
+    )
+    print(
+        f"recovery: fault → the refit after the death (bound from the death: "
+        f"{REFIT_AFTER_DEATH_BOUND_S:g}s); detection: fault → DEAD recorded"
+    )
+    for key in sorted(set(detection) | set(recovery)):
+        kind, phase = key
+        print(
+            f"  {kind:<17s} {phase:<14s} n={len(detection[key]):<4d} "
+            f"detection {_figures(detection[key])}   recovery {_figures(recovery[key])}"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    sys.exit(main())

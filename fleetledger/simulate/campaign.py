@@ -1,0 +1,659 @@
+"""A chaos campaign: many short runs of a real fleet, faults at random moments, one oracle.
+
+A fault test that passes at the moment it chose proves little; the moments where this
+project's bugs lived (a kill as a refit starts: the recovery condemned both healthy
+survivors) were found by a user, not by the tests. So each trial runs a real simulated
+fleet (Ray actor processes, a gloo communicator, the live controller) for a few steps,
+draws one scenario from its seed — which fault kinds, on which shards, in which phase of
+which step, after how long — and injects it with real signals as the phase is seen to
+begin: in the ledger (a refit started, a probe round recorded, a restart requested, a
+refit that re-admits a replacement) or in the engine's own stage (receiving the bytes,
+loading them; the simulated engine writes its stage and pid to files, so nothing but a
+file read stands between the phase and the signal).
+
+The oracle (:mod:`fleetledger.simulate.oracle`) then reads only the ledger and the
+trial's fault log. A seed replays the same scenario (the moments within a phase are
+drawn from it; the machine decides the rest).
+
+The controller's own death is a trial of its own: the run is driven by a child process
+connected to the campaign's Ray cluster, SIGKILLed in its phase; the run's membership is
+read back from the ledger, and the fleet it owned must be gone with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from fleetledger.events.errors import LedgerError
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import RecordedEvent
+from fleetledger.projections.fleet_view import FleetView, fold
+from fleetledger.projections.shard_states import ShardState
+from fleetledger.simulate.spec import SimulationSpec, simulation_config
+
+__all__ = [
+    "KINDS",
+    "PHASES",
+    "Fault",
+    "Injection",
+    "TrialPlan",
+    "TrialSettings",
+    "plan_trial",
+    "run_trial",
+]
+
+Phase = Literal[
+    "rollouts", "refit_start", "mid_broadcast", "reload", "restart", "readmit", "after_probe"
+]
+PHASES: tuple[Phase, ...] = (
+    "rollouts",
+    "refit_start",
+    "mid_broadcast",
+    "reload",
+    "restart",
+    "readmit",
+    "after_probe",
+)
+FaultKind = Literal["kill", "freeze", "pause", "kill_replacement", "kill_controller"]
+Scenario = Literal["kill", "freeze", "pause", "kill_replacement", "two_shards", "kill_controller"]
+KINDS: tuple[Scenario, ...] = (
+    "kill",
+    "freeze",
+    "pause",
+    "kill_replacement",
+    "two_shards",
+    "kill_controller",
+)
+
+# Where a fault of each scenario may land. A fault during a restart or the re-admitting
+# refit needs a shard restarting first: the plan kills another shard early for it.
+_SHARD_PHASES: tuple[Phase, ...] = PHASES
+_CONTROLLER_PHASES: tuple[Phase, ...] = ("rollouts", "refit_start", "mid_broadcast", "after_probe")
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """The fleet and clocks every trial of a campaign runs with."""
+
+    shards: int = 3
+    steps: int = 3
+    groups_per_step: int = 2
+    group_size: int = 3
+    generation_s: float = 0.2
+    reload_s: float = 0.15
+    startup_s: float = 0.4
+    weights_bytes: int = 16_000_000
+    probe_interval_s: float = 0.5
+    probe_timeout_s: float = 0.25
+    refit_timeout_s: float = 2.0
+    trial_timeout_s: float = 120.0
+
+    @property
+    def condemnation_s(self) -> float:
+        """How long a silent shard takes to be condemned by its probe streak, at least:
+        the threshold's probe rounds, one interval apart (unhealthy_threshold 3)."""
+        return 2 * self.probe_interval_s
+
+    def spec(self, run: str, stage_dir: str) -> SimulationSpec:
+        config = simulation_config(
+            probe_interval_s=self.probe_interval_s,
+            probe_timeout_s=self.probe_timeout_s,
+            restart_dead_shards=True,
+            refit_timeout_s=self.refit_timeout_s,
+        )
+        return SimulationSpec(
+            shards=self.shards,
+            steps=self.steps,
+            groups_per_step=self.groups_per_step,
+            group_size=self.group_size,
+            generation_s=self.generation_s,
+            train_s=0.02,
+            config=config,
+            run=run,
+            weights_bytes=self.weights_bytes,
+            reload_s=self.reload_s,
+            startup_s=self.startup_s,
+            stage_dir=stage_dir,
+            # The last refit re-admits every replacement: a fault aimed at a restart or at
+            # the re-admitting refit always has its phase.
+            await_restarts_s=30.0,
+        )
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``kind`` on ``shard`` (``None``: the controller), ``delay_s`` after
+    ``phase`` of ``step`` is seen to begin; a pause is thawed after ``pause_s``."""
+
+    kind: FaultKind
+    shard: int | None
+    phase: Phase
+    step: int
+    delay_s: float
+    pause_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    seed: int
+    scenario: Scenario
+    faults: tuple[Fault, ...]
+
+    @property
+    def label(self) -> str:
+        main = self.faults[-1]
+        return f"{self.scenario}@{main.phase}"
+
+
+def plan_trial(seed: int, settings: TrialSettings = TrialSettings()) -> TrialPlan:
+    """The scenario of trial ``seed``: a pure function of the seed."""
+    rng = random.Random(seed)
+    scenario: Scenario = rng.choice(KINDS)
+    shards = list(range(settings.shards))
+    rng.shuffle(shards)
+    if scenario == "kill_controller":
+        phase = rng.choice(_CONTROLLER_PHASES)
+        step = rng.randint(1, settings.steps - 1)
+        return TrialPlan(seed, scenario, (Fault("kill_controller", None, phase, step, 0.0),))
+    if scenario == "kill_replacement":
+        # The first kill makes a restart; the replacement is killed while it loads.
+        step = rng.randint(1, settings.steps - 2)
+        first = Fault("kill", shards[0], "rollouts", step, rng.uniform(0.02, 0.15))
+        again = Fault(
+            "kill_replacement", shards[0], "restart", step, rng.uniform(0, settings.startup_s)
+        )
+        return TrialPlan(seed, scenario, (first, again))
+    phase: Phase = rng.choice(_SHARD_PHASES)
+    faults: list[Fault] = []
+    target = shards[-1]
+    if phase in ("restart", "readmit"):
+        # A shard must be restarting first: another one is killed early in the run.
+        step = rng.randint(1, settings.steps - 2)
+        faults.append(Fault("kill", shards[0], "rollouts", step, rng.uniform(0.02, 0.15)))
+        if phase == "readmit":
+            target = rng.choice(shards)  # the re-admitted shard itself, or a survivor
+    else:
+        step = rng.randint(1, settings.steps)
+    if scenario == "two_shards":
+        kinds: list[FaultKind] = [rng.choice(("kill", "freeze")), rng.choice(("kill", "freeze"))]
+        others = [s for s in shards if s != target and not (faults and s == faults[0].shard)]
+        second = others[0] if others else shards[1]
+        faults.append(Fault(kinds[0], target, phase, step, _delay(rng, phase, settings)))
+        faults.append(Fault(kinds[1], second, phase, step, rng.uniform(0.0, 0.05)))
+        return TrialPlan(seed, scenario, tuple(faults))
+    kind: FaultKind = scenario  # kill, freeze or pause
+    pause = rng.uniform(0.1, settings.condemnation_s * 0.6) if kind == "pause" else 0.0
+    faults.append(Fault(kind, target, phase, step, _delay(rng, phase, settings), pause))
+    return TrialPlan(seed, scenario, tuple(faults))
+
+
+def _delay(rng: random.Random, phase: Phase, settings: TrialSettings) -> float:
+    """How long after the phase is seen to begin: anywhere inside it."""
+    windows: dict[Phase, float] = {
+        "rollouts": settings.generation_s * 0.9,
+        "refit_start": 0.01,
+        "mid_broadcast": 0.01,
+        "reload": settings.reload_s * 0.9,
+        "restart": settings.startup_s * 0.9,
+        "readmit": 0.05,
+        "after_probe": 0.02,
+    }
+    return rng.uniform(0.0, windows[phase])
+
+
+# ── injecting ──────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Injection:
+    """What the campaign did: the fault, when (µs since the epoch), to which process and
+    incarnation; ``skipped``: why it was not injected (its phase never came)."""
+
+    fault: Fault
+    at_us: int = 0
+    pid: int | None = None
+    incarnation: int | None = None
+    skipped: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "fault": asdict(self.fault),
+            "at_us": self.at_us,
+            "pid": self.pid,
+            "incarnation": self.incarnation,
+            "skipped": self.skipped,
+        }
+
+
+class _Follower:
+    """The trial's run as the campaign sees it: the ledger's tail folded into a view,
+    and the engines' stage and pid files."""
+
+    def __init__(self, db_url: str, run: str, stage_dir: str) -> None:
+        self.log = EventLog.open(db_url, mode="read")
+        self.run = run
+        self.stage_dir = stage_dir
+        self.view: FleetView | None = None
+        self.events: list[RecordedEvent] = []
+
+    def poll(self) -> list[RecordedEvent]:
+        """New events since the last poll (none before the run exists)."""
+        after = 0 if self.view is None else self.view.seq
+        try:
+            new = list(self.log.read(self.run, after))
+        except LedgerError:
+            return []  # not started yet
+        for recorded in new:
+            if self.view is None:
+                self.view = fold([recorded])
+            else:
+                self.view.apply(recorded)
+        self.events += new
+        return new
+
+    def read(self, shard: int, what: str) -> str | None:
+        try:
+            with open(os.path.join(self.stage_dir, f"shard-{shard}.{what}")) as f:
+                return f.read().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def pid(self, shard: int) -> int | None:
+        text = self.read(shard, "pid")
+        return int(text) if text else None
+
+    def close(self) -> None:
+        self.log.close()
+
+
+POLL_S = 0.002
+
+
+def _step_of(version: int) -> int:
+    return version  # the refit of step N pushes weight version N
+
+
+class _Driver:
+    """Waits for each fault's phase, then injects it: one thread per trial."""
+
+    def __init__(
+        self,
+        plan: TrialPlan,
+        follower: _Follower,
+        settings: TrialSettings,
+        done: threading.Event,
+        controller_pid: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        self.plan = plan
+        self.follower = follower
+        self.settings = settings
+        self.done = done
+        self.controller_pid = controller_pid
+        self.injections = [Injection(f) for f in plan.faults]
+        self.frozen: list[int] = []
+        self.pids_seen: set[int] = set()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for injection in self.injections:
+                if not self._await_phase(injection):
+                    continue
+                self._sleep(injection.fault.delay_s)
+                self._inject(injection)
+            while not self.done.is_set():  # keep every pid the trial ever had
+                self._poll()
+                self.done.wait(0.05)
+        except BaseException as exc:  # reported as the trial's own error
+            self.error = exc
+        finally:
+            self.thaw()
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            self._poll()
+            time.sleep(min(left, POLL_S))
+
+    def _poll(self) -> list[RecordedEvent]:
+        for shard in range(self.settings.shards):
+            pid = self.follower.pid(shard)
+            if pid is not None:
+                self.pids_seen.add(pid)
+        return self.follower.poll()
+
+    def _ended(self) -> bool:
+        view = self.follower.view
+        return self.done.is_set() or (view is not None and view.ended is not None)
+
+    def _await_phase(self, injection: Injection) -> bool:
+        fault = injection.fault
+        seen = self._phase_seen(fault)
+        while True:
+            new = self._poll()
+            if seen(new):
+                return True
+            if self._ended():
+                injection.skipped = f"the run ended before {fault.phase} of step {fault.step}"
+                return False
+            time.sleep(POLL_S)
+
+    def _phase_seen(self, fault: Fault) -> Callable[[list[RecordedEvent]], bool]:
+        """A predicate over each poll's new events (and the stage files) that is true
+        once ``fault``'s phase has begun."""
+        f = self.follower
+        step = fault.step
+        if fault.phase == "rollouts":
+            # Step N's rollouts start as the run starts (N = 1) or step N-1's refit ends.
+            def rollouts(new: list[RecordedEvent]) -> bool:
+                return any(
+                    (r.event.type == "run_started" and step == 1)
+                    or (
+                        r.event.type == "refit_completed"
+                        and _step_of(r.event.weight_version) == step - 1
+                    )
+                    for r in new
+                )
+
+            return rollouts
+        if fault.phase in ("refit_start", "mid_broadcast", "reload"):
+            stage = {"mid_broadcast": "receiving", "reload": "loading"}.get(fault.phase)
+            started = [False]
+
+            def refit(new: list[RecordedEvent]) -> bool:
+                if not started[0]:
+                    started[0] = any(
+                        r.event.type == "refit_started" and _step_of(r.event.weight_version) >= step
+                        for r in new
+                    )
+                    if not started[0]:
+                        return False
+                if stage is None:
+                    return True
+                return f.read(fault.shard or 0, "stage") == stage
+
+            return refit
+        if fault.phase == "after_probe":
+            begun = [False]
+
+            def probe(new: list[RecordedEvent]) -> bool:
+                for r in new:
+                    if r.event.type == "refit_completed" and _step_of(r.event.weight_version) >= (
+                        step - 1
+                    ):
+                        begun[0] = True
+                    if step == 1 and r.event.type == "run_started":
+                        begun[0] = True
+                    if begun[0] and r.event.type == "probe_round":
+                        return True
+                return False
+
+            return probe
+        if fault.phase == "restart":
+            if fault.kind == "kill_replacement":
+                # The replacement writes its pid as it starts: it is loading from then on.
+                first = self.injections[0]
+
+                def replacement(_new: list[RecordedEvent]) -> bool:
+                    pid = f.pid(fault.shard or 0)
+                    return pid is not None and first.pid is not None and pid != first.pid
+
+                return replacement
+
+            def restarting(new: list[RecordedEvent]) -> bool:
+                return any(r.event.type == "restart_requested" for r in new)
+
+            return restarting
+
+        # readmit: a refit whose participants include a STALE (re-loaded) shard.
+        def readmit(new: list[RecordedEvent]) -> bool:
+            view = f.view
+            for r in new:
+                if r.event.type == "refit_started" and view is not None:
+                    if any(
+                        view.shards[s].state is ShardState.STALE
+                        and view.shards[s].restart_attempts > 0
+                        for s in r.event.shards
+                    ):
+                        return True
+            return False
+
+        return readmit
+
+    def _inject(self, injection: Injection) -> None:
+        fault = injection.fault
+        if fault.kind == "kill_controller":
+            pid = self.controller_pid()
+        else:
+            assert fault.shard is not None
+            pid = self.follower.pid(fault.shard)
+            view = self.follower.view
+            if view is not None:
+                injection.incarnation = view.shards[fault.shard].restart_attempts
+        if pid is None:
+            injection.skipped = "no process to signal"
+            return
+        injection.pid = pid
+        injection.at_us = time.time_ns() // 1000
+        try:
+            if fault.kind in ("kill", "kill_replacement", "kill_controller"):
+                os.kill(pid, signal.SIGKILL)
+            elif fault.kind == "freeze":
+                os.kill(pid, signal.SIGSTOP)
+                self.frozen.append(pid)
+            else:  # pause: thawed before it could be condemned
+                os.kill(pid, signal.SIGSTOP)
+                self.frozen.append(pid)
+                self._sleep(fault.pause_s)
+                os.kill(pid, signal.SIGCONT)
+                self.frozen.remove(pid)
+        except ProcessLookupError:
+            injection.skipped = f"process {pid} was already gone"
+
+    def thaw(self) -> None:
+        for pid in self.frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.frozen.clear()
+
+
+# ── one trial ──────────────────────────────────────────────────────────────
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial did and saw; the oracle judges it."""
+
+    plan: TrialPlan
+    run: str
+    outcome: str  # completed | failed | aborted | killed (the controller) | hung | error
+    cause: str
+    injections: list[Injection]
+    committed_prompts: dict[str, int] = field(default_factory=dict)
+    expected_prompts: tuple[str, ...] = ()
+    pids_seen: tuple[int, ...] = ()
+    elapsed_s: float = 0.0
+
+
+def _expected_prompts(settings: TrialSettings) -> tuple[str, ...]:
+    return tuple(
+        f"s{step}-g{g}-p{k}"
+        for step in range(1, settings.steps + 1)
+        for g in range(settings.groups_per_step)
+        for k in range(settings.group_size)
+    )
+
+
+def run_trial(
+    plan: TrialPlan,
+    db_url: str,
+    *,
+    settings: TrialSettings = TrialSettings(),
+    ray_address: str | None = None,
+    run_prefix: str = "chaos",
+) -> TrialOutcome:
+    """Run one trial on the Ray cluster this process is connected to (``ray_address``:
+    its address, for the controller's own process when the plan kills it)."""
+    run = f"{run_prefix}-{plan.seed}-{time.time_ns() % 10**9}"
+    stage_dir = tempfile.mkdtemp(prefix=f"fl-chaos-{plan.seed}-")
+    follower = _Follower(db_url, run, stage_dir)
+    done = threading.Event()
+    started = time.monotonic()
+    child: list[subprocess.Popen[bytes]] = []
+    driver = _Driver(
+        plan,
+        follower,
+        settings,
+        done,
+        controller_pid=lambda: child[0].pid if child else None,
+    )
+    thread = threading.Thread(target=driver.run, name=f"chaos-{plan.seed}", daemon=True)
+    outcome = TrialOutcome(plan, run, "error", "", driver.injections)
+    try:
+        if plan.scenario == "kill_controller":
+            if ray_address is None:
+                raise ValueError("a controller-kill trial needs the Ray cluster's address")
+            child.append(_spawn_controller(db_url, run, stage_dir, ray_address))
+            thread.start()
+            outcome.outcome, outcome.cause = _await_controller(child[0], settings)
+        else:
+            thread.start()
+            outcome.outcome, outcome.cause, outcome.committed_prompts = _run_here(
+                settings.spec(run, stage_dir), db_url, settings.trial_timeout_s
+            )
+    finally:
+        done.set()
+        thread.join(30)
+        driver.thaw()
+        follower.close()
+        for path in os.listdir(stage_dir):
+            os.unlink(os.path.join(stage_dir, path))
+        os.rmdir(stage_dir)
+    if driver.error is not None:
+        outcome.outcome, outcome.cause = "error", f"the fault driver failed: {driver.error!r}"
+    outcome.expected_prompts = _expected_prompts(settings)
+    outcome.pids_seen = tuple(sorted(driver.pids_seen))
+    outcome.elapsed_s = time.monotonic() - started
+    return outcome
+
+
+def _run_here(
+    spec: SimulationSpec, db_url: str, timeout_s: float
+) -> tuple[str, str, dict[str, int]]:
+    """The simulation on a thread of this process; ``hung`` if it is not back in time."""
+    from fleetledger.simulate.loop import Simulation
+
+    box: list[Any] = []
+
+    def run() -> None:
+        log = EventLog.open(db_url)
+        try:
+            box.append(Simulation(spec, lambda _line: None).run(log))
+        except BaseException as exc:
+            box.append(exc)
+        finally:
+            log.close()
+
+    thread = threading.Thread(target=run, name=f"trial-{spec.run}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        return "hung", f"not back within {timeout_s:g}s", {}
+    (result,) = box
+    if isinstance(result, BaseException):
+        return "error", f"{type(result).__name__}: {result}", {}
+    return result.outcome, result.cause, dict(result.committed_prompts)
+
+
+def _spawn_controller(
+    db_url: str, run: str, stage_dir: str, ray_address: str
+) -> subprocess.Popen[bytes]:
+    code = (
+        "import sys; from fleetledger.simulate.campaign import controller_main; "
+        "controller_main(sys.argv[1:])"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, db_url, run, stage_dir, ray_address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _await_controller(child: subprocess.Popen[bytes], settings: TrialSettings) -> tuple[str, str]:
+    try:
+        status = child.wait(settings.trial_timeout_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        return "hung", f"the controller was not back within {settings.trial_timeout_s:g}s"
+    if status == -signal.SIGKILL:
+        return "killed", "the controller's process was SIGKILLed"
+    return ("completed" if status == 0 else "failed"), f"the controller exited with {status}"
+
+
+def controller_main(argv: list[str]) -> None:
+    """The controller's own process in a controller-kill trial: the simulation of the
+    campaign's settings, driven from here on the campaign's Ray cluster."""
+    import ray
+
+    db_url, run, stage_dir, address = argv
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    from fleetledger.simulate.loop import Simulation
+
+    log = EventLog.open(db_url)
+    result = Simulation(TrialSettings().spec(run, stage_dir), lambda _line: None).run(log)
+    log.close()
+    raise SystemExit(0 if result.outcome == "completed" else 1)
+
+
+def processes_left(pids: tuple[int, ...], wait_s: float = 15.0) -> list[int]:
+    """The pids that are still running processes after up to ``wait_s`` (zombies count
+    as gone: nothing of them runs)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [pid for pid in pids if _running(pid)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def trial_seeds(seed: int, trials: int) -> Iterator[int]:
+    """The seeds of a campaign: one per trial, each replaying its trial alone."""
+    rng = random.Random(seed)
+    for _ in range(trials):
+        yield rng.randrange(1, 2**31)
+
+
+def dumps(outcome: TrialOutcome) -> str:
+    return json.dumps(
+        {
+            "seed": outcome.plan.seed,
+            "scenario": outcome.plan.label,
+            "run": outcome.run,
+            "outcome": outcome.outcome,
+            "injections": [i.as_json() for i in outcome.injections],
+        }
+    )

@@ -1,0 +1,174 @@
+"""The chaos campaign's oracle: a trial judged from its ledger and its fault log alone.
+
+What must hold whatever moment a fault chose (issue 20):
+
+- every DEAD names a shard a fault hit, in the incarnation it hit, by the rule that
+  fault should trigger: a kill by a confirmed death, a freeze by its probe streak (or
+  its reported streak, or condemnation as the silent participant of a refit), a
+  replacement killed while it loads by the failed restart. No untouched shard is ever
+  condemned; a pause shorter than the condemnation bound condemns nothing;
+- a kill is recorded (the shard's incarnation does reach DEAD);
+- the run completes (a trial's fleet never falls below ``min_healthy_shards``: at most
+  two of three shards are hit, and dead shards are restarted), every prompt committed
+  exactly once; none hangs;
+- the refit after a recorded death completes within ``REFIT_AFTER_DEATH_BOUND_S``;
+- after the trial, no process of its fleet is left running;
+- a run whose controller was SIGKILLed reads back: its membership from the snapshot and
+  tail equals the fold of its whole log.
+
+Pure but for the one function that reads the ledger (:func:`judge_from_log`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fleetledger.events.log import EventLog
+from fleetledger.events.models import RecordedEvent
+from fleetledger.projections.fleet_view import fold
+from fleetledger.projections.membership import membership_document
+from fleetledger.projections.shard_states import Input, ShardState
+from fleetledger.queries.views import load_view
+from fleetledger.simulate.campaign import Injection, TrialOutcome, processes_left
+
+__all__ = ["REFIT_AFTER_DEATH_BOUND_S", "Verdict", "judge", "judge_from_log"]
+
+REFIT_AFTER_DEATH_BOUND_S = 10.0
+"""A refit open at (or started after) a recorded death completes within this: the
+refit timeout (2 s) + 2 × grace (1 s) bounds a push, the probes and the rebuild take
+well under a second; the rest is the machine's margin (2 cores, shared)."""
+
+# Which rules may condemn a shard hit by each kind of fault.
+_DEATH_RULES: Mapping[str, frozenset[Input]] = {
+    "kill": frozenset({Input.ACTOR_DIED, Input.ENGINE_DIED}),
+    "kill_engine": frozenset({Input.ENGINE_DIED}),
+    "freeze": frozenset({Input.PROBE_FAILED, Input.REPORTED_FAILURE, Input.CONDEMNED}),
+    "kill_replacement": frozenset({Input.RESTART_FAILED, Input.ACTOR_DIED}),
+    "pause": frozenset(),
+}
+
+
+@dataclass
+class Verdict:
+    problems: list[str] = field(default_factory=list)
+    false_deaths: int = 0
+    lost_prompts: int = 0
+    hung: bool = False
+    # (fault kind, phase) -> seconds from the injection to the death, to the refit after
+    detection_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    recovery_s: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def judge(
+    outcome: TrialOutcome,
+    events: Sequence[RecordedEvent],
+    *,
+    left_running: Sequence[int] = (),
+    read_back: str | None = None,
+) -> Verdict:
+    """Judge one trial from its ledger's events and its fault log (see the module)."""
+    verdict = Verdict()
+    if outcome.outcome == "hung":
+        verdict.hung = True
+        verdict.problems.append(f"hung: {outcome.cause}")
+    injected = [i for i in outcome.injections if not i.skipped]
+    view = None
+    deaths: list[tuple[int, int, Input, int, int]] = []  # shard, incarnation, input, seq, at
+    refits_done: list[tuple[int, int]] = []  # (seq, at_us) of refit_completed
+    for recorded in events:
+        if view is None:
+            view = fold([recorded])
+            continue
+        for t in view.apply(recorded):
+            if t.after is ShardState.DEAD:
+                incarnation = view.shards[t.shard].restart_attempts
+                deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us))
+        if recorded.event.type == "refit_completed":
+            refits_done.append((recorded.seq, recorded.at_us))
+    for shard, incarnation, rule, seq, at_us in deaths:
+        cause = _cause(injected, shard, incarnation, at_us)
+        if cause is None:
+            verdict.false_deaths += 1
+            verdict.problems.append(
+                f"false death: shard {shard} (incarnation {incarnation}) DEAD at seq {seq} "
+                f"by {rule.value}, and no fault hit it"
+            )
+            continue
+        if rule not in _DEATH_RULES[cause.fault.kind]:
+            verdict.false_deaths += 1
+            verdict.problems.append(
+                f"wrong rule: shard {shard} DEAD at seq {seq} by {rule.value} after a "
+                f"{cause.fault.kind}"
+            )
+            continue
+        key = (cause.fault.kind, cause.fault.phase)
+        verdict.detection_s.setdefault(key, (at_us - cause.at_us) / 1e6)
+        after = [at for s, at in refits_done if s > seq]
+        if after:
+            verdict.recovery_s.setdefault(key, (after[0] - cause.at_us) / 1e6)
+            if (after[0] - at_us) / 1e6 > REFIT_AFTER_DEATH_BOUND_S:
+                verdict.problems.append(
+                    f"slow recovery: the refit after shard {shard}'s death at seq {seq} "
+                    f"completed {(after[0] - at_us) / 1e6:.1f}s later "
+                    f"(bound {REFIT_AFTER_DEATH_BOUND_S:g}s)"
+                )
+    for injection in injected:
+        kind, shard = injection.fault.kind, injection.fault.shard
+        if kind == "kill" and not any(
+            s == shard and inc == injection.incarnation and at >= injection.at_us
+            for s, inc, _, _, at in deaths
+        ):
+            if outcome.outcome == "completed":
+                verdict.problems.append(f"kill not recorded: shard {shard} never DEAD")
+    if outcome.plan.scenario == "kill_controller":
+        if outcome.outcome not in ("killed", "completed"):
+            verdict.problems.append(f"controller trial ended {outcome.outcome}: {outcome.cause}")
+        if read_back is not None:
+            verdict.problems.append(read_back)
+    elif outcome.outcome != "completed":
+        verdict.problems.append(f"run {outcome.outcome}: {outcome.cause}")
+    else:
+        for prompt in outcome.expected_prompts:
+            times = outcome.committed_prompts.get(prompt, 0)
+            if times != 1:
+                verdict.lost_prompts += 1
+                verdict.problems.append(f"prompt {prompt} committed {times} times")
+    if left_running:
+        verdict.problems.append(f"processes left running: {sorted(left_running)}")
+    return verdict
+
+
+def _cause(
+    injected: Sequence[Injection], shard: int, incarnation: int, at_us: int
+) -> Injection | None:
+    """The fault that hit ``shard``'s ``incarnation`` before ``at_us`` (the latest)."""
+    hits = [
+        i
+        for i in injected
+        if i.fault.shard == shard and i.incarnation == incarnation and i.at_us <= at_us
+    ]
+    return hits[-1] if hits else None
+
+
+def judge_from_log(log: EventLog, outcome: TrialOutcome) -> Verdict:
+    """Read the trial's run back from the ledger and judge it; its processes must be gone."""
+    events = list(log.read(outcome.run, 0))
+    read_back = None
+    if outcome.plan.scenario == "kill_controller" and events:
+        # The run's membership as a reader gets it (snapshot + tail) must be the fold of
+        # the whole log: what a restarted controller would resume from.
+        resumed = membership_document(load_view(log, outcome.run))
+        whole = membership_document(fold(events))
+        if resumed != whole:
+            read_back = "membership read back from the ledger differs from the log's fold"
+    return judge(
+        outcome,
+        events,
+        left_running=processes_left(outcome.pids_seen),
+        read_back=read_back,
+    )
