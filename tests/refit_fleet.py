@@ -42,17 +42,34 @@ class FaultyWorker(GenerationWorker):
         return result
 
 
+class StagedWorker(GenerationWorker):
+    """A worker that receives a push into staging buffers and loads it afterwards, as a
+    real engine does: a push cut before the load leaves what it serves whole."""
+
+    _refit_staged = True
+
+    async def refit_broadcast(self, version: int) -> dict:
+        received = await super().refit_broadcast(version)
+        self.refit_load_begins(version)
+        return received
+
+
 class Fleet:
-    """``refit_timeout_s=None``: unbounded; the settle window follows the refit timeout."""
+    """``refit_timeout_s=None``: unbounded; the settle window follows the refit timeout.
+    ``staged``: the workers receive into staging buffers (:class:`StagedWorker`)."""
 
     def __init__(
-        self, total_bytes: int, refit_timeout_s: float | None, *, faulty: int | None = None
+        self,
+        total_bytes: int,
+        refit_timeout_s: float | None,
+        *,
+        faulty: int | None = None,
+        staged: bool = False,
     ) -> None:
         self.trainer = ray.remote(TrainerRank).options(num_cpus=0).remote(total_bytes)
+        worker_class = StagedWorker if staged else GenerationWorker
         self.workers = [
-            ray.remote(FaultyWorker if s == faulty else GenerationWorker)
-            .options(num_cpus=0)
-            .remote()
+            ray.remote(FaultyWorker if s == faulty else worker_class).options(num_cpus=0).remote()
             for s in range(SHARDS)
         ]
         spec = ray.get(self.trainer.spec.remote(), timeout=60)

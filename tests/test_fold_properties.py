@@ -88,8 +88,8 @@ MAX_EVENTS = 80
 
 # Which inputs each event kind may turn into (anything else in a transition is a bug).
 INPUTS_OF: dict[type[Event], set[Input]] = {
-    ProbeRound: {Input.PROBE_OK, Input.PROBE_FAILED, Input.ACTOR_DIED},
-    ActorDeathConfirmed: {Input.ACTOR_DIED},
+    ProbeRound: {Input.PROBE_OK, Input.PROBE_FAILED, Input.ACTOR_DIED, Input.ENGINE_DIED},
+    ActorDeathConfirmed: {Input.ACTOR_DIED, Input.ENGINE_DIED},
     OutcomeWindowReported: {Input.REPORTED_SUCCESS, Input.REPORTED_FAILURE},
     RefitCompleted: {Input.REFIT_COMPLETED},
     WeightsMarkedPartial: {Input.WEIGHTS_PARTIAL},
@@ -162,7 +162,7 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
     probe_failed = st.builds(lambda f: ProbeRound(failed=(f,)), failure)
     results = st.dictionaries(
         shard,
-        st.sampled_from(["ok", "ok", "timeout", "error", "died"]),
+        st.sampled_from(["ok", "ok", "timeout", "error", "died", "engine died"]),
         min_size=1,
         max_size=shard_count,
     )
@@ -175,7 +175,11 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
                 if r[s] in ("timeout", "error")
             ),
             died=tuple(
-                ProbeDeath(shard=s, error="ActorDiedError") for s in sorted(r) if r[s] == "died"
+                ProbeDeath(shard=s, error="ActorDiedError", what="actor")
+                if r[s] == "died"
+                else ProbeDeath(shard=s, error="engine core gone", what="engine")
+                for s in sorted(r)
+                if r[s] in ("died", "engine died")
             ),
         )
     )
@@ -190,7 +194,12 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
         base_url=st.sampled_from([None, "http://moved.test:1", "http://moved.test:2"]),
     )
     rare = [
-        st.builds(ActorDeathConfirmed, shard=shard, error=st.sampled_from(["", "ActorDiedError"])),
+        st.builds(
+            ActorDeathConfirmed,
+            shard=shard,
+            error=st.sampled_from(["", "ActorDiedError"]),
+            what=st.sampled_from(["actor", "engine"]),
+        ),
         st.builds(RefitStarted, weight_version=version, shards=shard_set),
         st.builds(RefitAborted, weight_version=version, reason=reason, context_lost=st.booleans()),
         st.builds(RestartFailed, shard=shard, error=st.just("engine failed to start")),
@@ -232,6 +241,8 @@ def events_for(shard_count: int) -> st.SearchStrategy[Event]:
         *[restart_requested] * 2,
         *[loaded] * 2,
         *[st.builds(WeightsMarkedPartial, weight_version=version)] * 2,
+        # Partial on the shards a refit's load may have reached (ascending, each once).
+        st.builds(WeightsMarkedPartial, weight_version=version, shards=shard_set.map(sorted)),
         *rare,
     ]
     return st.sampled_from(kinds).flatmap(lambda kind: kind)
@@ -309,6 +320,30 @@ def check_event(view: FleetView, rec: RecordedEvent, before: Before, ts: list) -
         assert chain[-1].after is states_after[i]
         assert view.shards[i].since_seq == rec.seq
         assert view.shards[i].since_rule == chain[-1].rule
+
+    # Partial weights only where named: every other shard is left exactly as it was.
+    event = rec.event
+    if isinstance(event, WeightsMarkedPartial):
+        marked = range(n) if event.shards is None else event.shards
+        for i in range(n):
+            if i not in marked or states_before[i] not in {H, S, ST}:
+                assert view.shards[i] == before.shards[i], (i, event)
+            else:
+                assert states_after[i] is ST, (i, event)
+        for t in ts:
+            assert ("(marked: " in t.rule) is (event.shards is not None), t
+
+    # A death is told as whose it was: an engine's is never its actor's.
+    deaths = {event.shard: event.what} if isinstance(event, ActorDeathConfirmed) else {}
+    if isinstance(event, ProbeRound):
+        deaths = {d.shard: d.what for d in event.died}
+    for t in ts:
+        if t.input in {Input.ACTOR_DIED, Input.ENGINE_DIED}:
+            assert t.after is D and t.before in {H, S, ST}, t
+            engine = deaths[t.shard] == "engine"
+            assert (t.input is Input.ENGINE_DIED) is engine, t
+            assert ("engine died under its live actor" in t.rule) is engine, t
+            assert ("actor death confirmed" in t.rule) is not engine, t
 
     # DEAD/RESTARTING/STALE reach the serving set only through a completed refit.
     for t in ts:

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
+from fleetledger.projections.fleet_view import fold  # noqa: E402
 from fleetledger.weight_sync import (  # noqa: E402
     AbortReport,
     Party,
@@ -140,6 +141,45 @@ def test_kill_in_the_middle_of_a_broadcast_recovers_on_the_smaller_world(ray_clu
             assert ledger.view.shards[shard].weight_version == 1
         assert fleet.sync.built_layout == ledger.view.layout()
         assert _checksums(fleet, (0, 1)) == {expected}
+    finally:
+        fleet.close()
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["received-in-place", "staged"])
+def test_a_kill_mid_broadcast_marks_partial_only_the_survivors_whose_load_began(
+    ray_cluster, ledger, staged
+):
+    """A worker that receives in place has begun changing what it serves the moment the
+    bytes arrive: it may be partial. One that receives into staging buffers and loads
+    afterwards (an engine) still serves whole weights of the version before while the
+    push is cut: it is not marked, stays serving, and the epoch moves once (the death)."""
+    fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=REFIT_TIMEOUT_S, staged=staged)
+    try:
+        coordinator = _coordinator(fleet, ledger)
+        fleet.sync.reconcile(ledger.view.absent)
+        fleet.step(1)
+        head = ledger.log.head(ledger.run)
+        with ThreadPoolExecutor(1) as pool:
+            refit = pool.submit(coordinator.refit, 1)
+            while set(fleet.in_flight([0, 1]).values()) != {1}:  # all inside the push
+                time.sleep(0.005)
+            os.kill(fleet.pids[2], signal.SIGKILL)
+            outcome = refit.result(timeout=300)
+        assert outcome.recovered and outcome.participants == (0, 1)
+        events = list(ledger.log.read(ledger.run, head))
+        (partial,) = [r.event for r in events if r.event.type == "weights_marked_partial"]
+        assert partial.shards == (() if staged else (0, 1))
+        view = fold(ledger.log.read(ledger.run, 0, head))
+        serving_sets = []
+        for recorded in events:
+            view.apply(recorded)
+            serving_sets.append(view.serving)
+        # Staged: a router never had nothing to route to; in place, the survivors were
+        # STALE until the retry re-admitted them.
+        assert (() in serving_sets) is not staged
+        assert (ledger.view.epoch - fold(ledger.log.read(ledger.run, 0, head)).epoch) == (
+            1 if staged else 3
+        )
     finally:
         fleet.close()
 
@@ -672,3 +712,76 @@ def test_a_timeout_or_an_abort_with_a_lone_suspect_still_condemns_it(ledger, fai
     )
     outcome = coordinator.refit(1)
     assert outcome.recovered and outcome.condemned == 0 and outcome.participants == (1, 2)
+
+
+class _Scripted(WeightSynchronizer):
+    """A transport that fails as scripted: each reconcile and push pops the next entry of
+    its list (``None``: succeed)."""
+
+    def __init__(self, reconciles: list, pushes: list) -> None:
+        super().__init__()
+        self.reconciles, self.pushes = reconciles, pushes
+        self.pushed_to: list[int] = []
+
+    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
+        failure = self.reconciles.pop(0) if self.reconciles else None
+        if failure is not None:
+            raise failure
+        return ReconcileOutcome.NOT_APPLICABLE
+
+    def push(self, version) -> PushReport:
+        failure = self.pushes.pop(0) if self.pushes else None
+        if failure is not None:
+            raise failure
+        return PushReport(version, 1, 0, "", 0.0)
+
+    def abort(self, *, gone=()) -> AbortReport:
+        return AbortReport()
+
+
+class _Rounds:
+    """Probe answers per round: the n-th probe of the recovery gets the n-th dict."""
+
+    def __init__(self, *rounds: dict[int, ProbeResult]) -> None:
+        self.rounds = list(rounds)
+
+    def probe(self, shards, timeout_s, *, deep=False):
+        answers = self.rounds.pop(0) if len(self.rounds) > 1 else self.rounds[0]
+        return {s: answers.get(s, ProbeResult.ok()) for s in shards}
+
+
+def test_a_member_frozen_after_the_recoverys_probe_is_found_by_the_next_round(ledger):
+    """Two faults close together (seen by the chaos campaign): shard 1 is killed in the
+    push, shard 0 frozen just after. The first round records 1's death and rebuilds over
+    {0, 2}; the rebuild finds 0 silent. That is a failed round, not the end of the run:
+    the next round probes again, condemns 0 (the lone suspect, nothing newly absent),
+    and the refit completes on shard 2."""
+    killed = RefitFailed("push", dead={Party.shard(1): "ActorDiedError: killed"})
+    frozen = RefitFailed("membership", silent={Party.shard(0): "no answer within 3s"})
+    sync = _Scripted(reconciles=[None, frozen], pushes=[killed])
+    rounds = _Rounds(
+        {1: ProbeResult("died", "ActorDiedError: killed")},
+        {0: ProbeResult("timeout", "no answer within 0.5s")},
+    )
+    coordinator = RefitCoordinator(
+        ledger, sync, rounds, refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
+    )
+    outcome = coordinator.refit(1)
+    assert outcome.recovered and outcome.participants == (2,) and outcome.condemned == 0
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert ledger.view.state_of(0) is ShardState.DEAD
+    assert ledger.view.state_of(2) is ShardState.HEALTHY
+    assert ledger.view.ended is None
+
+
+def test_recovery_rounds_end_when_a_round_loses_nobody(ledger):
+    """Every round must leave a participant out; a retry that fails with everyone still
+    answering finds no lone suspect, and the run ends naming why."""
+    timeout = RefitFailed("push", silent={Party.shard(0): "no answer within 3s"})
+    sync = _Scripted(reconciles=[], pushes=[timeout, timeout, timeout])
+    coordinator = RefitCoordinator(
+        ledger, sync, _Rounds({}), refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
+    )
+    with pytest.raises(RunFailed):
+        coordinator.refit(1)
+    assert ledger.view.ended is not None and ledger.view.ended.outcome == "failed"

@@ -25,8 +25,19 @@ class EngineDead(FleetledgerError, RuntimeError):
     Ray's liveness sees only the actor's process. A vLLM engine core that dies under it
     (killed, out of memory) leaves an actor that answers every call while nothing can
     generate again; the fleet records this as the shard's death, as conclusively as an
-    actor death, so traffic moves at once instead of after a streak of failures.
+    actor death, so traffic moves at once instead of after a streak of failures — as the
+    engine's death (``what="engine"``), never the actor's: the actor was alive.
     """
+
+    @property
+    def message(self) -> str:
+        """The engine's own account, its first line: what the ledger records for its death.
+
+        Read it from the exception the engine raised (``ray_fleet.engine_death_of`` finds
+        it), not from Ray's task error around it, whose text is the remote traceback.
+        """
+        lines = [line.strip() for line in str(self).splitlines() if line.strip()]
+        return lines[0] if lines else type(self).__name__
 
 
 __all__ = [

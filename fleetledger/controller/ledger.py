@@ -22,6 +22,7 @@ from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
+    DeathOf,
     Event,
     FleetConfig,
     FleetExhausted,
@@ -65,11 +66,18 @@ _log = structlog.get_logger("fleetledger.ledger")
 @dataclass(frozen=True)
 class ProbeResult:
     """What one probe of one shard returned; ``incarnation``: of the handle it went
-    through (``None``: not known), so a result about a replaced actor can be dropped."""
+    through (``None``: not known), so a result about a replaced actor can be dropped.
+
+    ``what``: whose death a "died" result is: the actor's (the runtime said its process
+    is gone) or the engine's under a live actor (it raised ``EngineDead``); recorded as
+    the round's :class:`ProbeDeath` ``what``, so an explanation never calls an engine's
+    death the actor's.
+    """
 
     kind: Literal["ok", "timeout", "error", "died"]
     error: str = ""
     incarnation: int | None = field(default=None, compare=False)
+    what: DeathOf = "actor"
 
     @classmethod
     def ok(cls, incarnation: int | None = None) -> ProbeResult:
@@ -86,7 +94,7 @@ def round_event(results: Mapping[int, ProbeResult]) -> ProbeRound:
         if result.kind == "ok":
             ok.append(shard)
         elif result.kind == "died":
-            died.append(ProbeDeath(shard=shard, error=clip_text(result.error)))
+            died.append(ProbeDeath(shard=shard, error=clip_text(result.error), what=result.what))
         else:
             failed.append(
                 ProbeFailure(shard=shard, kind=result.kind, error=clip_text(result.error))
@@ -113,9 +121,14 @@ class Membership:
     weight_versions: tuple[int, ...]
     restart_attempts: tuple[int, ...]
     ended: bool
+    # Per shard: deaths reported for it while it was already absent, counted by this
+    # ledger instead of recorded (see ``Ledger.actor_died``). Not in the log: a count of
+    # this process, as a rollout counter is.
+    collapsed_deaths: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, view: FleetView) -> Membership:
+    def of(cls, view: FleetView, collapsed_deaths: Mapping[int, int] | None = None) -> Membership:
+        collapsed = collapsed_deaths or {}
         return cls(
             seq=view.seq,
             epoch=view.epoch,
@@ -127,6 +140,7 @@ class Membership:
             weight_versions=tuple(r.weight_version for r in view.shards),
             restart_attempts=tuple(r.restart_attempts for r in view.shards),
             ended=view.ended is not None,
+            collapsed_deaths=tuple(collapsed.get(r.index, 0) for r in view.shards),
         )
 
     def counts(self) -> dict[str, int]:
@@ -156,6 +170,7 @@ class Ledger:
         self._snapshot_seq = view.seq
         self._results_since_snapshot = 0  # probe results folded since (see results_in)
         self._lock = threading.RLock()
+        self._collapsed: dict[int, int] = {}  # shard → deaths counted, not recorded
         self._membership = Membership.of(view)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
@@ -197,6 +212,13 @@ class Ledger:
     def lock(self) -> threading.RLock:
         return self._lock
 
+    @property
+    def collapsed_deaths(self) -> dict[int, int]:
+        """Per shard, the deaths reported while it was already absent: counted, not
+        recorded (:meth:`actor_died`). A copy; this process's count, from zero."""
+        with self._lock:
+            return dict(self._collapsed)
+
     # ── the one way in ──────────────────────────────────────────────────────
 
     def record(self, events: Sequence[Event]) -> list[Transition]:
@@ -229,7 +251,7 @@ class Ledger:
                         self._results_since_snapshot += results_in(recorded.event)
             finally:  # pages applied before a failing one count too
                 if self._view.seq != before:
-                    self._membership = Membership.of(self._view)
+                    self._membership = Membership.of(self._view, self._collapsed)
             for t in transitions:
                 _log.info(
                     "shard transition",
@@ -280,22 +302,58 @@ class Ledger:
             return self.record([round_event(fresh)])
 
     def actor_died(
-        self, shard: int, error: str, *, incarnation: int | None = None
+        self,
+        shard: int,
+        error: str,
+        *,
+        incarnation: int | None = None,
+        what: DeathOf = "actor",
     ) -> list[Transition]:
         """The runtime said the shard's process is gone (seen outside a probe, e.g. by a
-        rollout whose call raised ``ActorDiedError``): conclusive, no counting.
+        rollout whose call raised ``ActorDiedError``), or, with ``what="engine"``, its
+        engine died under a live actor and said so: conclusive, no counting.
 
         ``incarnation``: of the handle the death was seen through
         (``ray_fleet.actor_death_of(exc).incarnation``). One older than the shard's
         restart count is a replaced actor's death: it is not about the replacement, so
         it is dropped (logged, nothing recorded). ``None`` records it unchecked.
+
+        One death per incarnation: a shard that is already absent (DEAD, RESTARTING,
+        RETIRED) after catching up has had its death recorded (or was taken out another
+        way), and the fold ignores another. So a report for it is counted
+        (:attr:`collapsed_deaths`, one debug line), not appended: one SIGKILL of a
+        serving actor fails every rollout in flight on it, and each used to append its
+        own ``actor_death_confirmed`` with Ray's kilobyte of text.
         """
         with self._lock:
-            if incarnation is not None:
-                self.catch_up()  # a restart recorded elsewhere moves the incarnation too
-            if self._stale(shard, incarnation, "actor death"):
+            self.catch_up()  # a restart or a death recorded elsewhere counts too
+            if self._stale(shard, incarnation, f"{what} death"):
                 return []
-            return self.record([ActorDeathConfirmed(shard=shard, error=clip_text(error))])
+            if self._already_absent(shard, incarnation, what):
+                return []
+            event = ActorDeathConfirmed(shard=shard, error=clip_text(error), what=what)
+            return self.record([event])
+
+    def _already_absent(self, shard: int, incarnation: int | None, what: DeathOf) -> bool:
+        """True, and the death counted, when ``shard`` is already absent in the view."""
+        if not 0 <= shard < len(self._view.shards):
+            return False  # out of range: the log refuses it, naming the shard
+        record = self._view.shards[shard]
+        if not record.absent:
+            return False
+        count = self._collapsed[shard] = self._collapsed.get(shard, 0) + 1
+        self._membership = Membership.of(self._view, self._collapsed)
+        _log.debug(
+            "death not recorded: the shard is already absent",
+            run=self.run,
+            shard=shard,
+            state=record.state.value,
+            since_seq=record.since_seq,
+            what=what,
+            incarnation=incarnation,
+            collapsed=count,
+        )
+        return True
 
     def _stale(self, shard: int, incarnation: int | None, what: str) -> bool:
         """True when ``incarnation`` predates the shard's last recorded restart."""
@@ -341,8 +399,14 @@ class Ledger:
             [RefitAborted(weight_version=weight_version, reason=reason, context_lost=context_lost)]
         )
 
-    def mark_weights_partial(self, weight_version: int) -> list[Transition]:
-        return self.record([WeightsMarkedPartial(weight_version=weight_version)])
+    def mark_weights_partial(
+        self, weight_version: int, shards: Sequence[int] | None = None
+    ) -> list[Transition]:
+        """The aborted refit's partial weights: on ``shards`` (those whose load may have
+        begun; put in ascending order here), or, with ``None``, on every shard not absent.
+        A shard left out keeps its state: its weights are whole, and it keeps serving."""
+        named = None if shards is None else tuple(sorted(shards))
+        return self.record([WeightsMarkedPartial(weight_version=weight_version, shards=named)])
 
     def restart_requested(self, shard: int) -> list[Transition]:
         return self.record([RestartRequested(shard=shard)])

@@ -101,6 +101,18 @@ class FleetMetrics(Collector):
         yield restarts
         yield versions
 
+        # A counter of this process (from zero after a restart), as the rollout ones are:
+        # the deaths reported for a shard already absent, which the ledger did not record.
+        collapsed = CounterMetricFamily(
+            "fleetledger_shard_deaths_collapsed",
+            "Deaths reported for a shard already absent: counted, not recorded",
+            labels=["run", "shard"],
+        )
+        for shard in range(len(m.states)):
+            count = m.collapsed_deaths[shard] if shard < len(m.collapsed_deaths) else 0
+            collapsed.add_metric([self.run, str(shard)], float(count))
+        yield collapsed
+
         if self._progress is not None:
             p = self._progress()
             yield _gauge("fleetledger_train_steps", "Completed train steps", run, p.train_steps)

@@ -59,7 +59,7 @@ from fleetledger.controller.outcome_reporter import OutcomeWindow
 from fleetledger.controller.reaping import ProcessRecord, reap
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import LedgerError, first_line
-from fleetledger.events.models import MAX_TEXT, clip_text
+from fleetledger.events.models import MAX_TEXT, DeathOf, clip_text
 
 __all__ = [
     "ActorDeath",
@@ -117,10 +117,14 @@ class ShardActorDied(GenerationUnavailable):
 
 @dataclass(frozen=True, slots=True)
 class ActorDeath:
-    """The runtime's "this actor is gone", as :func:`actor_death_of` finds it."""
+    """A shard's conclusive death, as :func:`actor_death_of` finds it: the runtime's
+    "this actor is gone" (``what="actor"``), or the engine's own :class:`EngineDead`
+    under a live actor (``what="engine"``, ``text`` its message, without Ray's
+    traceback)."""
 
     text: str
     incarnation: int | None = None  # of the handle it was seen through; None: not known
+    what: DeathOf = "actor"
 
 
 def death_text(exc: BaseException) -> str:
@@ -141,13 +145,16 @@ def death_text(exc: BaseException) -> str:
 def probe_result_of(exc: BaseException, incarnation: int | None = None) -> ProbeResult:
     """Map what a probe raised onto the ledger's probe outcome.
 
-    Only the runtime's "the actor died" is conclusive. ``ActorUnavailableError`` (a
-    subclass of ``RayActorError``) means the actor may come back, so it is a failed probe.
+    Only the runtime's "the actor died" is conclusive, and the engine's own "I am gone"
+    under a live actor, recorded as the engine's death (``what="engine"``) with its own
+    message. ``ActorUnavailableError`` (a subclass of ``RayActorError``) means the actor
+    may come back, so it is a failed probe.
     """
+    engine = engine_death_of(exc)
+    if engine is not None:  # the engine under a live actor: conclusive too
+        return ProbeResult("died", engine.message, incarnation=incarnation, what="engine")
     kind: Literal["timeout", "error", "died"]
-    if engine_death_of(exc) is not None:  # the engine under a live actor: conclusive too
-        kind = "died"
-    elif isinstance(exc, ActorUnavailableError):
+    if isinstance(exc, ActorUnavailableError):
         kind = "error"
     elif isinstance(exc, RayActorError):
         kind = "died"
@@ -160,13 +167,17 @@ def probe_result_of(exc: BaseException, incarnation: int | None = None) -> Probe
 
 def engine_death_of(exc: BaseException) -> EngineDead | None:
     """The engine's own "I am gone" (:class:`EngineDead`) in what a call raised: Ray
-    delivers it inside a task error, as ``cause`` (and as an instance of its class)."""
+    delivers it inside a task error, as ``cause`` (and as an instance of its class).
+
+    The ``cause`` first: the task error is an ``EngineDead`` too, but its text is Ray's
+    remote traceback, and the ledger records the engine's own message.
+    """
     for link in cause_chain(exc):
-        if isinstance(link, EngineDead):
-            return link
         cause = getattr(link, "cause", None) if isinstance(link, RayTaskError) else None
         if isinstance(cause, EngineDead):
             return cause
+        if isinstance(link, EngineDead):
+            return link
     return None
 
 
@@ -523,15 +534,21 @@ def actor_death_of(exc: BaseException) -> ActorDeath | None:
     (instead of as one more reported failure) is what makes the retry land elsewhere.
     Through :meth:`RayShardFleet.generate` it carries the incarnation it was seen
     through; pass it on: ``ledger.actor_died(shard, death.text,
-    incarnation=death.incarnation)`` (what :class:`GenerationReports` does).
+    incarnation=death.incarnation, what=death.what)`` (what :class:`GenerationReports`
+    does). An :class:`EngineDead` behind it (the engine died under a live actor, which
+    ``generate`` also raises as :class:`ShardActorDied`) is the engine's death:
+    ``what="engine"``, the engine's own message as the text.
     """
     for link in cause_chain(exc):
         if isinstance(link, ShardActorDied):
+            engine = engine_death_of(link)
+            if engine is not None:
+                return ActorDeath(engine.message, link.incarnation, "engine")
             return ActorDeath(link.death, link.incarnation)
         if isinstance(link, RayActorError) and not isinstance(link, ActorUnavailableError):
             return ActorDeath(death_text(link))
     engine = engine_death_of(exc)
-    return None if engine is None else ActorDeath(death_text(engine))
+    return None if engine is None else ActorDeath(engine.message, what="engine")
 
 
 class GenerationReports:
@@ -560,7 +577,9 @@ class GenerationReports:
             death = actor_death_of(exc)
             if death is not None:
                 self.flush()
-                self.ledger.actor_died(shard, death.text, incarnation=death.incarnation)
+                self.ledger.actor_died(
+                    shard, death.text, incarnation=death.incarnation, what=death.what
+                )
             elif classify_exception(exc).kind is FailureKind.INFRA:
                 self.window.failure(shard, exc)
                 self.flush()

@@ -393,19 +393,16 @@ class RefitCoordinator:
             # call never returns). The outcome is the same; the communicator is built
             # once, without the condemned shard.
             if frozenset(self.ledger.view.absent) <= absent_before:
-                condemned = self._condemn_the_silent(version, reason, failed)
+                condemned = self._condemn_the_silent(version, reason, failed, unresponsive)
             absent, participants = self._snapshot()
-            try:
-                self._reconcile(absent, force=True)
-            except Exception as exc:
-                self._fail(
-                    f"rebuilding the refit communicator failed: {type(exc).__name__}: {exc}",
-                    exc,
-                )
             self._pushed_to = self.ledger.membership.restart_attempts
             self._abort_report = AbortReport()
-            self.ledger.refit_started(version, participants)
             try:
+                # A rebuild that fails is a failed round like a failed push: a member
+                # frozen after the probe (two faults close together) is silent here, and
+                # the next round finds it (a deterministic failure still ends the run).
+                self._reconcile(absent, force=True)
+                self.ledger.refit_started(version, participants)
                 report = self._push_within(version, participants)
             except Exception as again:
                 reason = clip_text(f"retry: {type(again).__name__}: {again}")
@@ -452,10 +449,16 @@ class RefitCoordinator:
         self.ledger.record_probes(results)
         return {shard for shard, result in results.items() if result.kind != "ok"}
 
-    def _condemn_the_silent(self, version: int, reason: str, failed: RefitFailed) -> int:
+    def _condemn_the_silent(
+        self, version: int, reason: str, failed: RefitFailed, unanswered: set[int]
+    ) -> int:
         """Record the condemnation decision as it returns; a refusal ends the run."""
         decision = decide_condemnation(
-            self.ledger.view, named=failed.named_shards, version=version, failure=reason
+            self.ledger.view,
+            named=failed.named_shards,
+            version=version,
+            failure=reason,
+            unanswered=unanswered,
         )
         if decision.verdict is CondemnationVerdict.CONDEMN and decision.shard is not None:
             self.ledger.condemn_silent_participant(decision.shard, decision.reason)

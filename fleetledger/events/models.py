@@ -5,6 +5,10 @@ Rules of this module:
 - An event is a frozen pydantic model with a literal ``type`` and a class-level
   ``SCHEMA_VERSION``. Changing the fields of a stored type means bumping its version
   and registering an upcaster in :mod:`fleetledger.events.codec`, never editing history.
+  The one change that needs neither is a new *optional* field whose default means what
+  every stored row of the type always meant: its default is left out of the payload
+  (:func:`_leave_out_at_default`), so a row of the old meaning is byte for byte what an
+  older fleetledger wrote and still reads, and an old row reads as the default.
   A type the vocabulary no longer uses leaves this module for
   :mod:`fleetledger.events.legacy`, whose upcasters lift its rows to what replaced it.
 - The event carries its own ``id`` (time-ordered, minted by whoever creates the event),
@@ -23,7 +27,16 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
 
 from fleetledger.events.ids import new_event_id
 
@@ -33,6 +46,34 @@ MAX_TEXT = 4096
 """The most characters an event's free text (a reason, a cause, an error) holds."""
 
 Reason = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+
+DeathOf = Literal["actor", "engine"]
+"""Whose death a death event records: the shard's actor (the runtime says its process is
+gone), or the engine under a live actor (the engine said so itself, :class:`EngineDead`
+in ``fleetledger.controller.generation_shard``)."""
+
+
+def _leave_out_at_default(
+    model: BaseModel, handler: SerializerFunctionWrapHandler, defaults: dict[str, object]
+) -> dict[str, Any]:
+    """``model`` serialised without the added optional fields that hold their default.
+
+    A row of the meaning every older row had stays the bytes an older fleetledger wrote,
+    so that fleetledger still reads it (its models forbid fields they do not know). A
+    wrap serializer, not ``Field(exclude_if=)``, which pydantic 2.7 (the oldest the
+    project takes) lacks.
+    """
+    data: dict[str, Any] = handler(model)
+    for name, default in defaults.items():
+        if name in data and getattr(model, name) == default:
+            del data[name]
+    return data
+
+
+def ascending_once(name: str, shards: tuple[int, ...]) -> None:
+    """Refuse a shard list that is not ascending with each shard once (ValueError)."""
+    if any(a >= b for a, b in pairwise(shards)):
+        raise ValueError(f"{name} must list shards in ascending order, once each")
 
 
 def clip_text(text: str) -> str:
@@ -139,15 +180,25 @@ class RunEnded(Event):
 
 
 class ActorDeathConfirmed(Event):
-    """The runtime says the shard's process is gone: conclusive, unlike a timeout.
+    """The shard's actor or its engine is gone: conclusive, unlike a timeout.
 
     What the ledger records for a death seen outside a probe (a rollout that met
     ``ActorDiedError``); a death a probe saw is part of its round (:class:`ProbeDeath`).
+    ``what`` says whose death it was: ``"actor"`` (the runtime says the process is
+    gone; every row written before the field existed) or ``"engine"`` (an engine core
+    died under an actor that still answers, and said so; ``error`` is its own message).
+    The fold treats both alike; an explanation must not call an engine's death the
+    actor's, since the actor was alive and a restart replaces both.
     """
 
     type: Literal["actor_death_confirmed"] = "actor_death_confirmed"
     shard: ShardIndex
     error: str = Field(default="", max_length=MAX_TEXT)
+    what: DeathOf = "actor"
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"what": "actor"})
 
 
 class ProbeFailure(BaseModel):
@@ -161,13 +212,19 @@ class ProbeFailure(BaseModel):
 
 
 class ProbeDeath(BaseModel):
-    """One shard whose probe met a confirmed actor death: what ``actor_death_confirmed``
-    held when a probe saw it."""
+    """One shard whose probe met a confirmed death: what ``actor_death_confirmed`` held
+    when a probe saw it, ``what`` included (the actor's, or its engine's under a live
+    actor)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     shard: ShardIndex
     error: str = Field(default="", max_length=MAX_TEXT)
+    what: DeathOf = "actor"
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"what": "actor"})
 
 
 class ProbeRound(Event):
@@ -200,11 +257,10 @@ class ProbeRound(Event):
             raise ValueError("a probe round holds at least one shard's result")
         for name, shards in (
             ("ok", self.ok),
-            ("failed", [f.shard for f in self.failed]),
-            ("died", [d.shard for d in self.died]),
+            ("failed", tuple(f.shard for f in self.failed)),
+            ("died", tuple(d.shard for d in self.died)),
         ):
-            if any(a >= b for a, b in pairwise(shards)):
-                raise ValueError(f"{name} must list shards in ascending order, once each")
+            ascending_once(name, shards)
         named = self.shards_named()
         if len(named) != len(set(named)):
             twice = sorted({s for s in named if named.count(s) > 1})
@@ -315,10 +371,34 @@ class RefitAborted(Event):
 
 
 class WeightsMarkedPartial(Event):
-    """A refit aborted: every shard that is not absent now holds partial weights."""
+    """A refit aborted: the shards whose load may have begun now hold partial weights.
+
+    ``shards`` names them (ascending, each once). ``None``, what every row written
+    before the field existed means, is every shard that is not absent. A shard the
+    abort cannot have reached (a refit over a subset of the fleet, a shard whose push
+    never started) keeps its state, and with it its place in the serving set: marking
+    it partial would move the epoch and take its traffic for nothing.
+    """
 
     type: Literal["weights_marked_partial"] = "weights_marked_partial"
     weight_version: WeightVersion
+    shards: tuple[ShardIndex, ...] | None = Field(
+        default=None,
+        description="The shards whose weights may be partial; None: every shard not absent.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"shards": None})
+
+    @model_validator(mode="after")
+    def _shards_ascending_once(self) -> WeightsMarkedPartial:
+        if self.shards is not None:
+            ascending_once("shards", self.shards)
+        return self
+
+    def shards_named(self) -> tuple[int, ...]:
+        return () if self.shards is None else self.shards
 
 
 # ── restarts ───────────────────────────────────────────────────────────────────

@@ -192,15 +192,34 @@ def _finding(suspected: tuple[int, ...], named: Collection[int]) -> _Finding:
 
 
 def decide_condemnation(
-    view: FleetView, *, named: Collection[int], version: int, failure: str
+    view: FleetView,
+    *,
+    named: Collection[int],
+    version: int,
+    failure: str,
+    unanswered: Collection[int] = (),
 ) -> Condemnation:
     """Whom to condemn after refit ``version`` aborted with nothing newly absent.
 
     ``named``: the shards the transport saw hang or raise (empty when it named none);
-    ``failure``: the abort's reason, quoted. Evidence: the abort and, per suspect, the
+    ``failure``: the abort's reason, quoted; ``unanswered``: the participants that failed
+    the probe the recovery has just recorded. Evidence: the abort and, per suspect, the
     transition that put it in its state and the streaks that made it suspect.
+
+    The suspects are the view's, and a STALE shard that both the transport named and the
+    recovery's probe found silent: a STALE shard's probes are not folded (it serves
+    nothing), so a freeze after its weights were marked partial leaves no suspicion in
+    the view. Story: two faults close together, the second a freeze during the reload of
+    a refit cut by the first, ended the run with a healthy survivor left.
     """
-    suspected = view.suspected
+    suspected = tuple(
+        sorted(
+            {
+                *view.suspected,
+                *(s for s in unanswered if s in named and view.shards[s].state is ShardState.STALE),
+            }
+        )
+    )
     finding = _finding(suspected, named)
     judgement = _JUDGEMENTS[finding]
     shard = suspected[0] if len(suspected) == 1 else None

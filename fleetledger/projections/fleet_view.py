@@ -22,7 +22,9 @@ once per *result* that changes their set. That is how the per-shard probe events
 older ledgers (v1 ``probe_succeeded`` / ``probe_failed``) folded, and the codec reads
 each of those as a one-shard round at its own seq, so this file has one way to take a
 probe result and the two shapes of the same history fold to the same view (a property
-test pins it). ``actor_death_confirmed`` is a death seen outside a probe round.
+test pins it). ``actor_death_confirmed`` is a death seen outside a probe round; a death
+of either kind says whose it was (``what``: the actor, or the engine under a live actor),
+which picks the input (``ACTOR_DIED`` / ``ENGINE_DIED``): one transition, two rule texts.
 
 ``apply_page`` is the replay's way in: the quiet observations that are most of a long
 run (successful probes of HEALTHY shards, one shard's or a whole round's) are taken
@@ -72,8 +74,13 @@ from fleetledger.projections.shard_states import (
     all_healthy_probes_ok,
     healthy_probe_ok,
     reported_success_quiet,
+    shard_list,
     step,
 )
+
+# Whose death an event records → the input it is for the shard: the same transition,
+# each with its own rule text (an engine's death is never told as its actor's).
+_DEATH_INPUT: dict[str, Input] = {"actor": Input.ACTOR_DIED, "engine": Input.ENGINE_DIED}
 
 
 class ProjectionError(FleetledgerError, ValueError):
@@ -322,7 +329,7 @@ class FleetView:
         raise ProjectionError(f"run {self.run!r} seq {seq}: the run has already started")
 
     def _on_actor_death(self, e: ActorDeathConfirmed, seq: int, at: int) -> list[Transition]:
-        return self._signal(e.shard, Signal(Input.ACTOR_DIED, seq, at, text=e.error))
+        return self._signal(e.shard, Signal(_DEATH_INPUT[e.what], seq, at, text=e.error))
 
     def _on_probe_round(self, e: ProbeRound, seq: int, at: int) -> list[Transition]:
         """Each shard's result in shard order, at the round's seq, as its own event had it.
@@ -345,7 +352,7 @@ class FleetView:
             text = f"{f.kind}: {f.error}" if f.error else f.kind
             results.append((f.shard, Signal(Input.PROBE_FAILED, seq, at, text=text)))
         for d in e.died:
-            results.append((d.shard, Signal(Input.ACTOR_DIED, seq, at, text=d.error)))
+            results.append((d.shard, Signal(_DEATH_INPUT[d.what], seq, at, text=d.error)))
         results.sort(key=lambda result: result[0])
         out: list[Transition] = []
         for shard, signal in results:
@@ -400,11 +407,19 @@ class FleetView:
         return []
 
     def _on_partial(self, e: WeightsMarkedPartial, seq: int, at: int) -> list[Transition]:
+        """Every shard not absent (absent ones ignore it), or only the shards it names:
+        one whose load cannot have begun keeps its state, its traffic and the epoch."""
+        if e.shards is None:
+            marked: Iterable[int] = range(len(self.shards))
+            text = ""
+        else:
+            self._check_shards(seq, e, e.shards)
+            marked, text = e.shards, f"marked: {shard_list(e.shards)}"
         out: list[Transition] = []
-        for r in self.shards:
+        for shard in marked:
             out += self._signal(
-                r.index,
-                Signal(Input.WEIGHTS_PARTIAL, seq, at, weight_version=e.weight_version),
+                shard,
+                Signal(Input.WEIGHTS_PARTIAL, seq, at, text=text, weight_version=e.weight_version),
             )
         return out
 

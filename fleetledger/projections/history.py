@@ -53,7 +53,7 @@ from fleetledger.events.models import (
 from fleetledger.projections.fleet_view import FleetView, OpenRefit, ProjectionError
 from fleetledger.projections.json_form import JsonForm
 from fleetledger.projections.rank_layout import RankLayoutError
-from fleetledger.projections.shard_states import Input, ShardState, Transition
+from fleetledger.projections.shard_states import Input, ShardState, Transition, shard_list
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +306,8 @@ class History:
     ) -> list[Entry]:
         subjects = tuple(t.shard for t in moved)
         detail = f"refit at weight version {e.weight_version} aborted"
+        if e.shards is not None:  # only these may have begun to load (older rows: all)
+            detail += f"; marked: {shard_list(e.shards)}"
         return [DecisionEntry(seq, at, "weights_partial", subjects, detail), *moved]
 
     def _on_condemned(

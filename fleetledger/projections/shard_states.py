@@ -46,6 +46,9 @@ class Input(enum.StrEnum):
     PROBE_OK = "probe ok"
     PROBE_FAILED = "probe failed"
     ACTOR_DIED = "actor death confirmed"
+    # The engine core died under an actor that still answers: as conclusive as the
+    # actor's death, but not the same fact (the actor was alive; only the engine said so).
+    ENGINE_DIED = "engine death confirmed"
     REPORTED_SUCCESS = "reported success"
     REPORTED_FAILURE = "reported failure"
     RESTART_REQUESTED = "restart requested"
@@ -102,7 +105,7 @@ class Signal:
     seq: int
     at_us: int
     count: int = 1  # reported failures in one window
-    text: str = ""  # error text, reason, or new base URL
+    text: str = ""  # error text, reason, new base URL, or which shards were marked partial
     weight_version: int = 0
 
 
@@ -125,6 +128,19 @@ class Transition:
     input: Input
     rule: str
     evidence: tuple[int, ...]  # seqs that support the rule (streak members, or the cause)
+
+
+def shard_list(shards: Sequence[int]) -> str:
+    """A list of shards as read aloud: 'no shard', 'shard 2', 'shards 0, 1 and 3'.
+
+    Here because a rule text names shards with it (weights marked partial on some
+    shards); the explanations' words use this one phrase too.
+    """
+    if not shards:
+        return "no shard"
+    if len(shards) == 1:
+        return f"shard {shards[0]}"
+    return "shards " + ", ".join(str(s) for s in shards[:-1]) + f" and {shards[-1]}"
 
 
 # ── guards ─────────────────────────────────────────────────────────────────────
@@ -195,6 +211,7 @@ _REPORTED_STREAK_DEAD = Branch(
     "(last: {text})",
 )
 _ACTOR_DIED = Branch(always, D, "actor death confirmed by the runtime: {text}")
+_ENGINE_DIED = Branch(always, D, "the engine died under its live actor: {text}")
 _CONDEMNED = Branch(always, D, "condemned as the silent participant: {text}")
 _RETIRE = Branch(always, RT, "retired: {text}")
 # Also the restart decision's reasons (``decisions.decide_restart``), word for word.
@@ -207,7 +224,8 @@ _RESTART = (
     Branch(restart_budget_exhausted, RT, RESTART_EXHAUSTED_RULE),
     Branch(always, R, RESTART_REQUESTED_RULE),
 )
-_PARTIAL = Branch(always, ST, "weights partial: refit at version {weight_version} aborted")
+# ``{aside}``: the shards marked, when the event named them; old events read as before.
+_PARTIAL = Branch(always, ST, "weights partial: refit at version {weight_version} aborted{aside}")
 _REFIT_RESTORES = (
     Branch(
         was_suspect_before_partial,
@@ -241,6 +259,7 @@ RULES: dict[Input, dict[ShardState, tuple[Branch, ...]]] = {
         S: (_PROBE_STREAK_DEAD, _stay()),
     },
     Input.ACTOR_DIED: {H: (_ACTOR_DIED,), S: (_ACTOR_DIED,), ST: (_ACTOR_DIED,)},
+    Input.ENGINE_DIED: {H: (_ENGINE_DIED,), S: (_ENGINE_DIED,), ST: (_ENGINE_DIED,)},
     # A wedged engine still answers probes, so only this streak can condemn it.
     Input.REPORTED_FAILURE: {
         H: (_REPORTED_STREAK_DEAD, Branch(always, S, "reported failure: {text}")),
@@ -335,6 +354,7 @@ EFFECTS: dict[Input, Callable[[ShardRecord, Signal], None]] = {
     Input.PROBE_OK: _probe_ok,
     Input.PROBE_FAILED: _probe_failed,
     Input.ACTOR_DIED: _note_error,
+    Input.ENGINE_DIED: _note_error,
     Input.REPORTED_SUCCESS: _reported_success,
     Input.REPORTED_FAILURE: _reported_failure,
     Input.RESTART_REQUESTED: _restart_requested,
@@ -424,6 +444,7 @@ def step(r: ShardRecord, signal: Signal, t: Thresholds) -> Transition | None:
         max_restarts=t.max_restarts,
         weight_version=signal.weight_version,
         text=signal.text or "no detail",
+        aside=f" ({signal.text})" if signal.text else "",
     )
     transition = Transition(
         signal.seq,

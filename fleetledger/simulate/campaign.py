@@ -65,8 +65,10 @@ PHASES: tuple[Phase, ...] = (
     "readmit",
     "after_probe",
 )
-FaultKind = Literal["kill", "freeze", "pause", "kill_replacement", "kill_controller"]
-Scenario = Literal["kill", "freeze", "pause", "kill_replacement", "two_shards", "kill_controller"]
+FaultKind = Literal["kill", "kill_engine", "freeze", "pause", "kill_replacement", "kill_controller"]
+Scenario = Literal[
+    "kill", "kill_engine", "freeze", "pause", "kill_replacement", "two_shards", "kill_controller"
+]
 KINDS: tuple[Scenario, ...] = (
     "kill",
     "freeze",
@@ -75,6 +77,8 @@ KINDS: tuple[Scenario, ...] = (
     "two_shards",
     "kill_controller",
 )
+VLLM_KINDS: tuple[Scenario, ...] = (*KINDS, "kill_engine")
+"""A vLLM engine also has an engine core process to kill under its live actor."""
 
 # Where a fault of each scenario may land. A fault during a restart or the re-admitting
 # refit needs a shard restarting first: the plan kills another shard early for it.
@@ -98,6 +102,23 @@ class TrialSettings:
     probe_timeout_s: float = 0.25
     refit_timeout_s: float = 2.0
     trial_timeout_s: float = 120.0
+    engine: Literal["sim", "vllm"] = "sim"
+
+    @classmethod
+    def for_engine(cls, engine: str) -> TrialSettings:
+        """The campaign's settings for ``engine``: a vLLM engine takes ~12 s to start, its
+        refit of the tiny model ~0.2 s, and three of them share two cores."""
+        if engine == "vllm":
+            return cls(
+                engine="vllm",
+                generation_s=0.3,  # a rollout's window (a tiny model's generation)
+                startup_s=8.0,  # an engine loading: the window to kill a replacement in
+                probe_interval_s=1.0,
+                probe_timeout_s=0.5,
+                refit_timeout_s=10.0,
+                trial_timeout_s=600.0,
+            )
+        return cls()
 
     @property
     def condemnation_s(self) -> float:
@@ -112,6 +133,18 @@ class TrialSettings:
             restart_dead_shards=True,
             refit_timeout_s=self.refit_timeout_s,
         )
+        if self.engine == "vllm":
+            return SimulationSpec(
+                shards=self.shards,
+                steps=self.steps,
+                groups_per_step=self.groups_per_step,
+                group_size=self.group_size,
+                train_s=0.02,
+                config=config,
+                run=run,
+                engine="vllm",
+                await_restarts_s=240.0,
+            )
         return SimulationSpec(
             shards=self.shards,
             steps=self.steps,
@@ -156,14 +189,21 @@ class TrialPlan:
         return f"{self.scenario}@{main.phase}"
 
 
-def plan_trial(seed: int, settings: TrialSettings = TrialSettings()) -> TrialPlan:
-    """The scenario of trial ``seed``: a pure function of the seed."""
+def plan_trial(
+    seed: int,
+    settings: TrialSettings = TrialSettings(),
+    only: tuple[Scenario, Phase] | None = None,
+) -> TrialPlan:
+    """The scenario of trial ``seed``: a pure function of the seed (and ``only``: a
+    scenario and phase every trial is held to, the moments still drawn from the seed)."""
     rng = random.Random(seed)
-    scenario: Scenario = rng.choice(KINDS)
+    scenario: Scenario = rng.choice(VLLM_KINDS if settings.engine == "vllm" else KINDS)
+    if only is not None:
+        scenario = only[0]
     shards = list(range(settings.shards))
     rng.shuffle(shards)
     if scenario == "kill_controller":
-        phase = rng.choice(_CONTROLLER_PHASES)
+        phase = rng.choice(_CONTROLLER_PHASES) if only is None else only[1]
         step = rng.randint(1, settings.steps - 1)
         return TrialPlan(seed, scenario, (Fault("kill_controller", None, phase, step, 0.0),))
     if scenario == "kill_replacement":
@@ -174,7 +214,10 @@ def plan_trial(seed: int, settings: TrialSettings = TrialSettings()) -> TrialPla
             "kill_replacement", shards[0], "restart", step, rng.uniform(0, settings.startup_s)
         )
         return TrialPlan(seed, scenario, (first, again))
-    phase: Phase = rng.choice(_SHARD_PHASES)
+    # Two faults close together land in one phase of their own: a restart or a
+    # re-admission would need a third fault first (1-2 faults a trial).
+    phases = _SHARD_PHASES if scenario != "two_shards" else (*_CONTROLLER_PHASES, "reload")
+    phase: Phase = rng.choice(phases) if only is None else only[1]
     faults: list[Fault] = []
     target = shards[-1]
     if phase in ("restart", "readmit"):
@@ -192,7 +235,7 @@ def plan_trial(seed: int, settings: TrialSettings = TrialSettings()) -> TrialPla
         faults.append(Fault(kinds[0], target, phase, step, _delay(rng, phase, settings)))
         faults.append(Fault(kinds[1], second, phase, step, rng.uniform(0.0, 0.05)))
         return TrialPlan(seed, scenario, tuple(faults))
-    kind: FaultKind = scenario  # kill, freeze or pause
+    kind: FaultKind = scenario  # kill, kill_engine, freeze or pause
     pause = rng.uniform(0.1, settings.condemnation_s * 0.6) if kind == "pause" else 0.0
     faults.append(Fault(kind, target, phase, step, _delay(rng, phase, settings), pause))
     return TrialPlan(seed, scenario, tuple(faults))
@@ -238,12 +281,14 @@ class Injection:
 
 class _Follower:
     """The trial's run as the campaign sees it: the ledger's tail folded into a view,
-    and the engines' stage and pid files."""
+    and each engine's refit stage and processes — from the simulated engine's files, or
+    asked of a vLLM engine's actor (``refit_stage``, ``pid``, ``engine_pid``)."""
 
-    def __init__(self, db_url: str, run: str, stage_dir: str) -> None:
+    def __init__(self, db_url: str, run: str, stage_dir: str, engine: str = "sim") -> None:
         self.log = EventLog.open(db_url, mode="read")
         self.run = run
         self.stage_dir = stage_dir
+        self.engine = engine
         self.view: FleetView | None = None
         self.events: list[RecordedEvent] = []
 
@@ -263,21 +308,37 @@ class _Follower:
         return new
 
     def read(self, shard: int, what: str) -> str | None:
+        if self.engine == "vllm":
+            method = {"stage": "refit_stage", "pid": "pid", "engine_pid": "engine_pid"}[what]
+            answer = self._ask(shard, method)
+            return None if answer is None else str(answer)
         try:
             with open(os.path.join(self.stage_dir, f"shard-{shard}.{what}")) as f:
                 return f.read().strip() or None
         except FileNotFoundError:
             return None
 
-    def pid(self, shard: int) -> int | None:
-        text = self.read(shard, "pid")
+    def _ask(self, shard: int, method: str) -> Any:
+        """One call on the shard's current actor (found by its name), or None."""
+        import ray
+
+        from fleetledger.controller.ray_fleet import shard_actor_name
+
+        try:
+            handle = ray.get_actor(shard_actor_name(f"fleetledger-{self.run}", shard))
+            return ray.get(getattr(handle, method).remote(), timeout=2.0)
+        except Exception:
+            return None
+
+    def pid(self, shard: int, what: str = "pid") -> int | None:
+        text = self.read(shard, what)
         return int(text) if text else None
 
     def close(self) -> None:
         self.log.close()
 
 
-POLL_S = 0.002
+POLL_S = 0.005
 
 
 def _step_of(version: int) -> int:
@@ -304,13 +365,23 @@ class _Driver:
         self.frozen: list[int] = []
         self.pids_seen: set[int] = set()
         self.error: BaseException | None = None
+        self._next_pid_poll = 0.0
 
     def run(self) -> None:
         try:
+            previous: Fault | None = None
             for injection in self.injections:
-                if not self._await_phase(injection):
+                fault = injection.fault
+                # A fault in the phase its predecessor hit follows it (two shards close
+                # together): its delay counts from the first, not from the next phase.
+                follows = previous is not None and (previous.phase, previous.step) == (
+                    fault.phase,
+                    fault.step,
+                )
+                previous = fault
+                if not follows and not self._await_phase(injection):
                     continue
-                self._sleep(injection.fault.delay_s)
+                self._sleep(fault.delay_s)
                 self._inject(injection)
             while not self.done.is_set():  # keep every pid the trial ever had
                 self._poll()
@@ -327,10 +398,15 @@ class _Driver:
             time.sleep(min(left, POLL_S))
 
     def _poll(self) -> list[RecordedEvent]:
-        for shard in range(self.settings.shards):
-            pid = self.follower.pid(shard)
-            if pid is not None:
-                self.pids_seen.add(pid)
+        if self.settings.engine == "sim" or time.monotonic() >= self._next_pid_poll:
+            # Every process the trial's fleet ever had: none may outlive the trial. An
+            # actor call per shard is dear: a vLLM fleet's are read twice a second.
+            self._next_pid_poll = time.monotonic() + 0.5
+            for shard in range(self.settings.shards):
+                for what in ("pid", "engine_pid") if self.settings.engine == "vllm" else ("pid",):
+                    pid = self.follower.pid(shard, what)
+                    if pid is not None:
+                        self.pids_seen.add(pid)
         return self.follower.poll()
 
     def _ended(self) -> bool:
@@ -355,10 +431,11 @@ class _Driver:
         f = self.follower
         step = fault.step
         if fault.phase == "rollouts":
-            # Step N's rollouts start as the run starts (N = 1) or step N-1's refit ends.
+            # Step N's rollouts start as step N-1's refit ends, or (N = 1) as the
+            # controller starts: its first probe round is recorded as the loop begins.
             def rollouts(new: list[RecordedEvent]) -> bool:
                 return any(
-                    (r.event.type == "run_started" and step == 1)
+                    (r.event.type == "probe_round" and step == 1)
                     or (
                         r.event.type == "refit_completed"
                         and _step_of(r.event.weight_version) == step - 1
@@ -437,7 +514,9 @@ class _Driver:
             pid = self.controller_pid()
         else:
             assert fault.shard is not None
-            pid = self.follower.pid(fault.shard)
+            pid = self.follower.pid(
+                fault.shard, "engine_pid" if fault.kind == "kill_engine" else "pid"
+            )
             view = self.follower.view
             if view is not None:
                 injection.incarnation = view.shards[fault.shard].restart_attempts
@@ -447,7 +526,7 @@ class _Driver:
         injection.pid = pid
         injection.at_us = time.time_ns() // 1000
         try:
-            if fault.kind in ("kill", "kill_replacement", "kill_controller"):
+            if fault.kind in ("kill", "kill_engine", "kill_replacement", "kill_controller"):
                 os.kill(pid, signal.SIGKILL)
             elif fault.kind == "freeze":
                 os.kill(pid, signal.SIGSTOP)
@@ -509,7 +588,7 @@ def run_trial(
     its address, for the controller's own process when the plan kills it)."""
     run = f"{run_prefix}-{plan.seed}-{time.time_ns() % 10**9}"
     stage_dir = tempfile.mkdtemp(prefix=f"fl-chaos-{plan.seed}-")
-    follower = _Follower(db_url, run, stage_dir)
+    follower = _Follower(db_url, run, stage_dir, settings.engine)
     done = threading.Event()
     started = time.monotonic()
     child: list[subprocess.Popen[bytes]] = []
@@ -526,7 +605,7 @@ def run_trial(
         if plan.scenario == "kill_controller":
             if ray_address is None:
                 raise ValueError("a controller-kill trial needs the Ray cluster's address")
-            child.append(_spawn_controller(db_url, run, stage_dir, ray_address))
+            child.append(_spawn_controller(db_url, run, stage_dir, ray_address, settings.engine))
             thread.start()
             outcome.outcome, outcome.cause = _await_controller(child[0], settings)
         else:
@@ -579,14 +658,14 @@ def _run_here(
 
 
 def _spawn_controller(
-    db_url: str, run: str, stage_dir: str, ray_address: str
+    db_url: str, run: str, stage_dir: str, ray_address: str, engine: str
 ) -> subprocess.Popen[bytes]:
     code = (
         "import sys; from fleetledger.simulate.campaign import controller_main; "
         "controller_main(sys.argv[1:])"
     )
     return subprocess.Popen(
-        [sys.executable, "-c", code, db_url, run, stage_dir, ray_address],
+        [sys.executable, "-c", code, db_url, run, stage_dir, ray_address, engine],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -610,12 +689,13 @@ def controller_main(argv: list[str]) -> None:
     campaign's settings, driven from here on the campaign's Ray cluster."""
     import ray
 
-    db_url, run, stage_dir, address = argv
+    db_url, run, stage_dir, address, engine = argv
     ray.init(address=address, log_to_driver=False, configure_logging=False)
     from fleetledger.simulate.loop import Simulation
 
     log = EventLog.open(db_url)
-    result = Simulation(TrialSettings().spec(run, stage_dir), lambda _line: None).run(log)
+    spec = TrialSettings.for_engine(engine).spec(run, stage_dir)
+    result = Simulation(spec, lambda _line: None).run(log)
     log.close()
     raise SystemExit(0 if result.outcome == "completed" else 1)
 

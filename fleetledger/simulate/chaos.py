@@ -35,14 +35,15 @@ class ChaosInjector:
         self._fleet = fleet
         self._echo = echo
         self._real_engine = real_engine
-        # shard -> (restart attempts when the pid was read, pid)
-        self._pids = {shard: (0, pid) for shard, pid in fleet.pids().items()}
+        # shard -> (restart attempts when the pid was read, pid); read when first needed,
+        # so a shard that dies while the run is wired does not fail the wiring.
+        self._pids: dict[int, tuple[int, int]] = {}
         self._frozen: list[int] = []
 
     def pid_of(self, shard: int) -> int:
         """The shard's current process: looked up again after a restart replaced it."""
         attempts = self._ledger.membership.restart_attempts[shard]
-        known_at, pid = self._pids[shard]
+        known_at, pid = self._pids.get(shard, (-1, 0))
         if known_at != attempts:
             pid = self._fleet.call(shard, "pid", timeout_s=5.0)
             self._pids[shard] = (attempts, pid)

@@ -11,7 +11,8 @@ What must hold whatever moment a fault chose (issue 20):
 - the run completes (a trial's fleet never falls below ``min_healthy_shards``: at most
   two of three shards are hit, and dead shards are restarted), every prompt committed
   exactly once; none hangs;
-- the refit after a recorded death completes within ``REFIT_AFTER_DEATH_BOUND_S``;
+- a refit in flight when a death is recorded completes (recovered) within
+  ``REFIT_AFTER_DEATH_BOUND_S`` of the death;
 - after the trial, no process of its fleet is left running;
 - a run whose controller was SIGKILLed reads back: its membership from the snapshot and
   tail equals the fold of its whole log.
@@ -24,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetledger.events.errors import UnknownRun
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import fold
@@ -78,19 +80,23 @@ def judge(
         verdict.problems.append(f"hung: {outcome.cause}")
     injected = [i for i in outcome.injections if not i.skipped]
     view = None
-    deaths: list[tuple[int, int, Input, int, int]] = []  # shard, incarnation, input, seq, at
+    # shard, incarnation, input, seq, at, and whether a refit was in flight at the death
+    deaths: list[tuple[int, int, Input, int, int, bool]] = []
     refits_done: list[tuple[int, int]] = []  # (seq, at_us) of refit_completed
+    in_refit = False  # from a refit's start, through its aborts, to its completion
     for recorded in events:
         if view is None:
             view = fold([recorded])
             continue
+        kind = recorded.event.type
+        in_refit = (in_refit or kind == "refit_started") and kind != "refit_completed"
         for t in view.apply(recorded):
             if t.after is ShardState.DEAD:
                 incarnation = view.shards[t.shard].restart_attempts
-                deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us))
+                deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us, in_refit))
         if recorded.event.type == "refit_completed":
             refits_done.append((recorded.seq, recorded.at_us))
-    for shard, incarnation, rule, seq, at_us in deaths:
+    for shard, incarnation, rule, seq, at_us, during_refit in deaths:
         cause = _cause(injected, shard, incarnation, at_us)
         if cause is None:
             verdict.false_deaths += 1
@@ -109,7 +115,9 @@ def judge(
         key = (cause.fault.kind, cause.fault.phase)
         verdict.detection_s.setdefault(key, (at_us - cause.at_us) / 1e6)
         after = [at for s, at in refits_done if s > seq]
-        if after:
+        # Bounded: the refit a death interrupted. (The next refit after a death outside
+        # one waits for the training step, and in a campaign for the replacement.)
+        if after and during_refit:
             verdict.recovery_s.setdefault(key, (after[0] - cause.at_us) / 1e6)
             if (after[0] - at_us) / 1e6 > REFIT_AFTER_DEATH_BOUND_S:
                 verdict.problems.append(
@@ -121,7 +129,7 @@ def judge(
         kind, shard = injection.fault.kind, injection.fault.shard
         if kind == "kill" and not any(
             s == shard and inc == injection.incarnation and at >= injection.at_us
-            for s, inc, _, _, at in deaths
+            for s, inc, _, _, at, _ in deaths
         ):
             if outcome.outcome == "completed":
                 verdict.problems.append(f"kill not recorded: shard {shard} never DEAD")
@@ -157,7 +165,10 @@ def _cause(
 
 def judge_from_log(log: EventLog, outcome: TrialOutcome) -> Verdict:
     """Read the trial's run back from the ledger and judge it; its processes must be gone."""
-    events = list(log.read(outcome.run, 0))
+    try:
+        events = list(log.read(outcome.run, 0))
+    except UnknownRun:
+        events = []  # the trial failed before its run was recorded: judged as it ended
     read_back = None
     if outcome.plan.scenario == "kill_controller" and events:
         # The run's membership as a reader gets it (snapshot + tail) must be the fold of

@@ -129,7 +129,16 @@ class _Communicator:
     group only once no push is inside and every parked collective completed.
     """
 
-    __slots__ = ("__weakref__", "_lock", "aborted", "group", "parked", "pushes", "store")
+    __slots__ = (
+        "__weakref__",
+        "_lock",
+        "aborted",
+        "buried",
+        "group",
+        "parked",
+        "pushes",
+        "store",
+    )
 
     def __init__(self, group: Any, store: Any) -> None:
         self.group = group
@@ -137,6 +146,7 @@ class _Communicator:
         self.aborted = threading.Event()
         self.parked: list[Any] = []
         self.pushes = 0
+        self.buried = 0.0  # when the graveyard took it (monotonic seconds)
         self._lock = threading.Lock()
 
     def enter(self) -> None:
@@ -196,14 +206,27 @@ class _Graveyard:
                     arrived.group.abort()
                 except Exception:  # a group that cannot abort is held and dropped all the same
                     pass
+                arrived.buried = time.monotonic()
                 held.append(arrived)
                 del arrived
-            # The settled ones' destructors run here, with no op parked in them.
-            held = [communicator for communicator in held if not communicator.settled()]
+            # The settled ones' destructors run here, with no op parked in them — and
+            # not before every member had RELEASE_GRACE_S to hear of the abort: dropping
+            # a group closes its connections, and a peer still parked would see its
+            # receive fail (a lost peer) instead of the abort it is about to be told of.
+            now = time.monotonic()
+            held = [
+                communicator
+                for communicator in held
+                if not (communicator.settled() and now - communicator.buried >= RELEASE_GRACE_S)
+            ]
 
 
 REAP_POLL_S = 0.2
 """How often the graveyard looks whether a held group's parked collectives completed."""
+
+RELEASE_GRACE_S = 2.0
+"""How long an aborted group is held at least: the abort reaches every member within
+milliseconds (an event-loop call), so by then each has left on the abort it was told."""
 
 GRAVEYARD = _Graveyard()
 
@@ -413,6 +436,9 @@ def _wait(
             work.wait(poll)
             return
         except RuntimeError:
+            if work.is_completed() and communicator.aborted.is_set():
+                # Failed because we aborted: a peer's group, aborted too, went away.
+                raise CollectiveAborted(f"{where}: the communicator was aborted") from None
             if work.is_completed():  # the op itself failed, not our slice of waiting
                 try:
                     work.wait()  # its own error, not the slice's "Operation timed out!"

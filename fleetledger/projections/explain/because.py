@@ -29,6 +29,7 @@ from fleetledger.events.models import (
     RestartFailed,
     ShardRetired,
     SilentParticipantCondemned,
+    WeightsMarkedPartial,
 )
 from fleetledger.projections.explain.evidence import SpanTally, last_abort_before
 from fleetledger.projections.explain.words import infra_failures_of, seq_list, shard_list
@@ -137,16 +138,31 @@ def _probe_failed(w: Why) -> list[str]:
     ]
 
 
-def _actor_died(w: Why) -> list[str]:
+def _death_error(w: Why) -> str:
+    """': <the recorded error>' of the death behind the link, or '' when not supplied."""
     event: object = w.event(w.link.seq)
     if isinstance(event, ProbeRound):  # a death a probe round saw
         event = event.result_of(w.shard)
-    died = isinstance(event, ActorDeathConfirmed | ProbeDeath)
-    error = event.error if died and event.error else None  # type: ignore[attr-defined]
-    detail = f": {error}" if error else ""
+    if isinstance(event, ActorDeathConfirmed | ProbeDeath) and event.error:
+        return f": {event.error}"
+    return ""
+
+
+def _actor_died(w: Why) -> list[str]:
     return [
-        f"the runtime confirmed its actor is gone (seq {w.link.seq}{detail}); a confirmed death "
-        f"is conclusive, so it went {w.link.before} → DEAD at once, without counting failures"
+        f"the runtime confirmed its actor is gone (seq {w.link.seq}{_death_error(w)}); a "
+        f"confirmed death is conclusive, so it went {w.link.before} → DEAD at once, without "
+        "counting failures"
+    ]
+
+
+def _engine_died(w: Why) -> list[str]:
+    # The actor answered: Ray's liveness saw nothing; the engine's own error is the fact.
+    return [
+        f"the engine died under its live actor (seq {w.link.seq}{_death_error(w)}); an "
+        f"engine's death is as conclusive as its actor's, so it went {w.link.before} → DEAD "
+        "at once, without counting failures",
+        "its actor was alive, so the runtime saw no death: the engine's own error is the evidence",
     ]
 
 
@@ -176,10 +192,14 @@ def _condemned(w: Why) -> list[str]:
 
 def _partial(w: Why) -> list[str]:
     abort = last_abort_before(w.entries, w.link.seq)
+    event = w.event(w.link.seq)
+    marked = "every shard not absent"  # what the event meant before it could name shards
+    if isinstance(event, WeightsMarkedPartial) and event.shards is not None:
+        marked = shard_list(event.shards)
     if abort is not None:
         what = (
             f"the refit to weight version {abort.weight_version} aborted at seq {abort.seq} "
-            f"({abort.reason}), and the weights of every shard not absent were marked partial "
+            f"({abort.reason}), and the weights of {marked} were marked partial "
             f"at seq {w.link.seq}"
         )
     else:
@@ -251,6 +271,7 @@ BECAUSE: dict[Input, Callable[[Why], list[str]]] = {
     Input.REPORTED_FAILURE: _reported_failure,
     Input.PROBE_FAILED: _probe_failed,
     Input.ACTOR_DIED: _actor_died,
+    Input.ENGINE_DIED: _engine_died,
     Input.CONDEMNED: _condemned,
     Input.WEIGHTS_PARTIAL: _partial,
     Input.RESTART_REQUESTED: _restart_requested,

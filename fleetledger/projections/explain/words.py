@@ -6,7 +6,8 @@ Rules of this file:
   that puts it in one line, and a test holds it to the event vocabulary (no type
   missing, none extra). The line says only what the event recorded, never a judgement.
 - The phrases (seq lists, shard lists, counts, durations) are the only way the
-  explanations write those things, so the same fact reads the same everywhere.
+  explanations write those things, so the same fact reads the same everywhere. The
+  shard list is ``shard_states``'s own, since a rule text names shards with it too.
 - Pure: no I/O, no clock.
 """
 
@@ -39,6 +40,7 @@ from fleetledger.events.models import (
     StallDetected,
     WeightsMarkedPartial,
 )
+from fleetledger.projections.shard_states import shard_list  # the one phrase, shared
 
 # How many transitions / findings ``.text`` lists before it summarises the rest
 # (``as_json`` always carries every one).
@@ -50,15 +52,6 @@ def seq_list(seqs: Sequence[int]) -> str:
     if len(seqs) == 1:
         return f"seq {seqs[0]}"
     return "seqs " + ", ".join(str(s) for s in seqs)
-
-
-def shard_list(shards: Sequence[int]) -> str:
-    """A list of shards as read aloud: 'no shard', 'shard 2', 'shards 0, 1 and 3'."""
-    if not shards:
-        return "no shard"
-    if len(shards) == 1:
-        return f"shard {shards[0]}"
-    return "shards " + ", ".join(str(s) for s in shards[:-1]) + f" and {shards[-1]}"
 
 
 def count_of(n: int, noun: str) -> str:
@@ -85,8 +78,17 @@ def infra_failures_of(event: OutcomeWindowReported, shard: int) -> list[FailureC
 # ── what one event says (``shard``: whose part of an adapter window) ─────────────
 
 
+def death_words(death: ActorDeathConfirmed | ProbeDeath) -> str:
+    """A recorded death, whoever saw it: the actor's (the runtime's word), or the engine's
+    under a live actor (its own word) — never the one called the other."""
+    error = death.error or "no detail"
+    if death.what == "engine":
+        return f"the engine of shard {death.shard} died under its live actor: {error}"
+    return f"actor death of shard {death.shard} confirmed by the runtime: {error}"
+
+
 def _actor_death(e: ActorDeathConfirmed, shard: int | None) -> str:
-    return f"actor death of shard {e.shard} confirmed by the runtime: " + (e.error or "no detail")
+    return death_words(e)
 
 
 def _probe_round(e: ProbeRound, shard: int | None) -> str:
@@ -105,9 +107,7 @@ def _probe_round(e: ProbeRound, shard: int | None) -> str:
             detail = f": {result.error}" if result.error else ""
             return f"probe of shard {about} failed ({result.kind}{detail})"
         if isinstance(result, ProbeDeath):
-            return f"actor death of shard {about} confirmed by the runtime: " + (
-                result.error or "no detail"
-            )
+            return death_words(result)
     parts = [f"{len(e.ok)} answered"]
     if e.failed:
         parts.append(f"{len(e.failed)} failed ({shard_list([f.shard for f in e.failed])})")
@@ -145,7 +145,8 @@ def _refit_aborted(e: RefitAborted, shard: int | None) -> str:
 
 
 def _partial(e: WeightsMarkedPartial, shard: int | None) -> str:
-    return f"weights marked partial after the refit to weight version {e.weight_version} aborted"
+    said = f"weights marked partial after the refit to weight version {e.weight_version} aborted"
+    return said if e.shards is None else f"{said} (marked: {shard_list(e.shards)})"
 
 
 def _restart_requested(e: RestartRequested, shard: int | None) -> str:

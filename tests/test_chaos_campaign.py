@@ -1,0 +1,193 @@
+"""The chaos campaign: its plans, its oracle, and a seeded slice of real trials.
+
+The slice runs real simulated fleets (Ray actor processes, gloo, the live controller)
+with faults injected by real signals at moments drawn from each trial's seed; the
+oracle reads only the ledger and the fault log. The full campaign (≥ 300 trials) is run
+by hand: ``python bench/chaos_campaign.py --trials 300`` (bench/README.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetledger.controller.ledger import Ledger
+from fleetledger.events.log import EventLog
+from fleetledger.simulate.campaign import (
+    KINDS,
+    VLLM_KINDS,
+    Fault,
+    Injection,
+    TrialOutcome,
+    TrialPlan,
+    TrialSettings,
+    plan_trial,
+    run_trial,
+    trial_seeds,
+)
+from fleetledger.simulate.oracle import judge, judge_from_log
+from tests.builders import fleet_config
+
+SETTINGS = TrialSettings()
+
+
+@given(st.integers(min_value=0, max_value=2**31))
+@settings(max_examples=300, deadline=None)
+def test_a_plan_is_a_pure_function_of_its_seed_and_always_well_formed(seed):
+    plan = plan_trial(seed)
+    assert plan == plan_trial(seed)  # a seed replays its trial
+    assert plan.scenario in KINDS
+    assert 1 <= len(plan.faults) <= 2
+    for fault in plan.faults:
+        assert 1 <= fault.step <= SETTINGS.steps
+        assert fault.delay_s >= 0
+        if fault.kind == "kill_controller":
+            assert fault.shard is None
+        else:
+            assert fault.shard is not None and 0 <= fault.shard < SETTINGS.shards
+        if fault.kind == "pause":  # shorter than the condemnation bound: must not die
+            assert 0 < fault.pause_s < SETTINGS.condemnation_s
+    if plan.faults[-1].phase in ("restart", "readmit"):  # someone restarts first
+        first = plan.faults[0]
+        assert first.kind == "kill" and first.phase == "rollouts"
+    if plan.scenario == "kill_replacement":
+        assert plan.faults[0].shard == plan.faults[1].shard
+    if plan.scenario == "two_shards":
+        assert plan.faults[-1].shard != plan.faults[-2].shard
+
+
+def test_only_a_vllm_campaign_kills_engine_cores():
+    vllm = TrialSettings.for_engine("vllm")
+    sim_kinds = {plan_trial(seed).scenario for seed in trial_seeds(2, 300)}
+    vllm_kinds = {plan_trial(seed, vllm).scenario for seed in trial_seeds(2, 300)}
+    assert "kill_engine" not in sim_kinds
+    assert vllm_kinds == set(VLLM_KINDS)
+
+
+def test_every_kind_and_phase_is_drawn():
+    plans = [plan_trial(seed) for seed in trial_seeds(1, 400)]
+    assert {p.scenario for p in plans} == set(KINDS)
+    assert {p.faults[-1].phase for p in plans} == {
+        "rollouts",
+        "refit_start",
+        "mid_broadcast",
+        "reload",
+        "restart",
+        "readmit",
+        "after_probe",
+    }
+
+
+# ── the oracle, on ledgers written by hand ────────────────────────────────────
+
+
+@pytest.fixture
+def ledger(sqlite_url: str) -> Iterator[Ledger]:
+    log = EventLog.open(sqlite_url)
+    yield Ledger.start(log, "judged", fleet_config(3, train_world_size=1))
+    log.close()
+
+
+def _outcome(ledger: Ledger, *hits: tuple[str, int], outcome: str = "completed") -> TrialOutcome:
+    injections = [
+        Injection(Fault(kind, shard, "rollouts", 1, 0.0), at_us=1, pid=1, incarnation=0)
+        for kind, shard in hits
+    ]
+    scenario = hits[0][0] if hits else "kill"
+    return TrialOutcome(
+        TrialPlan(0, scenario, tuple(i.fault for i in injections)),  # type: ignore[arg-type]
+        ledger.run,
+        outcome,
+        "",
+        injections,
+    )
+
+
+def _judge(ledger: Ledger, outcome: TrialOutcome):
+    return judge(outcome, list(ledger.log.read(ledger.run, 0)))
+
+
+def test_a_kill_recorded_as_a_death_is_no_false_death(ledger):
+    ledger.actor_died(1, "ActorDiedError: killed")
+    verdict = _judge(ledger, _outcome(ledger, ("kill", 1)))
+    assert verdict.ok, verdict.problems
+    assert verdict.false_deaths == 0
+
+
+def test_a_dead_shard_no_fault_hit_is_a_false_death(ledger):
+    ledger.actor_died(1, "ActorDiedError: killed")
+    for _ in range(3):
+        ledger.record_probes({2: _failed()})
+    verdict = _judge(ledger, _outcome(ledger, ("kill", 1)))
+    assert verdict.false_deaths == 1
+    assert any("shard 2" in p and "no fault hit it" in p for p in verdict.problems)
+
+
+def test_a_paused_shard_that_dies_is_a_false_death(ledger):
+    for _ in range(3):
+        ledger.record_probes({0: _failed()})
+    verdict = _judge(ledger, _outcome(ledger, ("pause", 0)))
+    assert verdict.false_deaths == 1
+    assert any("after a pause" in p for p in verdict.problems)
+
+
+def test_a_frozen_shard_condemned_by_its_probe_streak_is_right(ledger):
+    for _ in range(3):
+        ledger.record_probes({0: _failed()})
+    assert _judge(ledger, _outcome(ledger, ("freeze", 0))).ok
+
+
+def test_a_killed_shard_never_recorded_dead_is_a_problem(ledger):
+    verdict = _judge(ledger, _outcome(ledger, ("kill", 2)))
+    assert any("kill not recorded" in p for p in verdict.problems)
+
+
+def test_a_completed_run_must_commit_every_prompt_exactly_once(ledger):
+    outcome = _outcome(ledger, ("pause", 0))
+    outcome.expected_prompts = ("a", "b", "c")
+    outcome.committed_prompts = {"a": 1, "b": 2}
+    verdict = _judge(ledger, outcome)
+    assert verdict.lost_prompts == 2
+    assert {p for p in verdict.problems if "committed" in p} == {
+        "prompt b committed 2 times",
+        "prompt c committed 0 times",
+    }
+
+
+def _failed():
+    from fleetledger.controller.ledger import ProbeResult
+
+    return ProbeResult("timeout", "no answer within probe_timeout_s=0.25")
+
+
+# ── a seeded slice of real trials ────────────────────────────────────────────
+
+SLICE = tuple(trial_seeds(20, 20))
+"""20 trials drawn from one seed: each its own test (a failure names its seed, and no
+test runs past the suite's per-test timeout)."""
+
+
+def test_the_slice_draws_every_scenario_kind():
+    assert {plan_trial(seed).scenario for seed in SLICE} == set(KINDS)
+
+
+@pytest.fixture(scope="module")
+def campaign_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EventLog]]:
+    db = f"sqlite:///{tmp_path_factory.mktemp('chaos')}/chaos.db"
+    log = EventLog.open(db)
+    yield db, log
+    log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SLICE)
+def test_a_seeded_trial_passes_the_oracle(seed, ray_cluster, campaign_db):
+    """No false death, no hung run, no lost prompt, no process left; a controller
+    SIGKILLed mid-run leaves a ledger whose membership reads back whole."""
+    db, log = campaign_db
+    outcome = run_trial(plan_trial(seed), db, ray_address=ray_cluster)
+    verdict = judge_from_log(log, outcome)
+    assert verdict.problems == [], f"seed {seed} ({outcome.plan.label}), run {outcome.run}"
