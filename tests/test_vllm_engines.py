@@ -43,7 +43,6 @@ from fleetledger.controller.probe_pump import ProbePump  # noqa: E402
 from fleetledger.controller.ray_fleet import (  # noqa: E402
     GenerationReports,
     RayShardFleet,
-    ShardActorDied,
 )
 from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
 from fleetledger.controller.retry_policy import (  # noqa: E402
@@ -51,6 +50,7 @@ from fleetledger.controller.retry_policy import (  # noqa: E402
     RolloutCounters,
     run_rollout,
 )
+from fleetledger.controller.runtime_deaths import ShardActorDied  # noqa: E402
 from fleetledger.controller.shard_selector import ShardSelector  # noqa: E402
 from fleetledger.engines.models import tiny_llama  # noqa: E402
 from fleetledger.engines.policy import (  # noqa: E402

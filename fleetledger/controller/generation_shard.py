@@ -33,7 +33,7 @@ class EngineDead(FleetledgerError, RuntimeError):
     def message(self) -> str:
         """The engine's own account, its first line: what the ledger records for its death.
 
-        Read it from the exception the engine raised (``ray_fleet.engine_death_of`` finds
+        Read it from the exception the engine raised (``runtime_deaths.engine_death_of`` finds
         it), not from Ray's task error around it, whose text is the remote traceback.
         """
         lines = [line.strip() for line in str(self).splitlines() if line.strip()]

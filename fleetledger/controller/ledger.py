@@ -314,7 +314,7 @@ class Ledger:
         engine died under a live actor and said so: conclusive, no counting.
 
         ``incarnation``: of the handle the death was seen through
-        (``ray_fleet.actor_death_of(exc).incarnation``). One older than the shard's
+        (``runtime_deaths.actor_death_of(exc).incarnation``). One older than the shard's
         restart count is a replaced actor's death: it is not about the replacement, so
         it is dropped (logged, nothing recorded). ``None`` records it unchecked.
 

@@ -60,6 +60,7 @@ from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import clip_text
 from fleetledger.projections.decisions import (
     CondemnationVerdict,
+    RefitFailureDecision,
     decide_condemnation,
     decide_refit_failure,
 )
@@ -322,14 +323,7 @@ class RefitCoordinator:
         self, version: int, absent_before: frozenset[int], failure: BaseException
     ) -> RefitOutcome:
         reason = clip_text(f"{type(failure).__name__}: {failure}")
-        with self.ledger.lock:
-            decision = decide_refit_failure(
-                self.ledger.view,
-                version=version,
-                kind=failure_kind_of(failure),
-                context_lost=_context_lost(failure),
-                failure=reason,
-            )
+        decision = self._judge(version, failure, reason)
         if not decision.recover:
             self._end_with(version, reason, decision.reason, decision.context_lost, failure)
         self.recoveries += 1
@@ -407,15 +401,7 @@ class RefitCoordinator:
             except Exception as again:
                 reason = clip_text(f"retry: {type(again).__name__}: {again}")
                 self.ledger.refit_aborted(version, reason)
-                with self.ledger.lock:
-                    decision = decide_refit_failure(
-                        self.ledger.view,
-                        version=version,
-                        kind=failure_kind_of(again),
-                        context_lost=_context_lost(again),
-                        failure=reason,
-                    )
-                if not decision.recover:
+                if not self._judge(version, again, reason).recover:
                     self._fail(f"refit v{version} failed again after recovery: {reason}", again)
                 failure, absent_before = again, absent
                 self.recoveries += 1
@@ -423,6 +409,18 @@ class RefitCoordinator:
             self.ledger.refit_completed(version, participants)
             return RefitOutcome(
                 version, participants, recovered=True, condemned=condemned, push=report
+            )
+
+    def _judge(self, version: int, failure: BaseException, reason: str) -> RefitFailureDecision:
+        """Whether a failed refit is one a rebuild can help (the decision, recorded by
+        what the caller does with it)."""
+        with self.ledger.lock:
+            return decide_refit_failure(
+                self.ledger.view,
+                version=version,
+                kind=failure_kind_of(failure),
+                context_lost=_context_lost(failure),
+                failure=reason,
             )
 
     def _abort(self, *, gone: set[int]) -> AbortReport:

@@ -24,236 +24,31 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState
-from fleetledger.simulate.spec import SimulationSpec, simulation_config
+from fleetledger.simulate.chaos_plan import DEFAULT_SETTINGS, Fault, TrialPlan, TrialSettings
+from fleetledger.simulate.spec import SimulationSpec
 
 __all__ = [
-    "KINDS",
-    "PHASES",
-    "Fault",
     "Injection",
-    "TrialPlan",
-    "TrialSettings",
-    "plan_trial",
+    "TrialOutcome",
+    "controller_main",
+    "processes_left",
     "run_trial",
 ]
-
-Phase = Literal[
-    "rollouts", "refit_start", "mid_broadcast", "reload", "restart", "readmit", "after_probe"
-]
-PHASES: tuple[Phase, ...] = (
-    "rollouts",
-    "refit_start",
-    "mid_broadcast",
-    "reload",
-    "restart",
-    "readmit",
-    "after_probe",
-)
-FaultKind = Literal["kill", "kill_engine", "freeze", "pause", "kill_replacement", "kill_controller"]
-Scenario = Literal[
-    "kill", "kill_engine", "freeze", "pause", "kill_replacement", "two_shards", "kill_controller"
-]
-KINDS: tuple[Scenario, ...] = (
-    "kill",
-    "freeze",
-    "pause",
-    "kill_replacement",
-    "two_shards",
-    "kill_controller",
-)
-VLLM_KINDS: tuple[Scenario, ...] = (*KINDS, "kill_engine")
-"""A vLLM engine also has an engine core process to kill under its live actor."""
-
-# Where a fault of each scenario may land. A fault during a restart or the re-admitting
-# refit needs a shard restarting first: the plan kills another shard early for it.
-_SHARD_PHASES: tuple[Phase, ...] = PHASES
-_CONTROLLER_PHASES: tuple[Phase, ...] = ("rollouts", "refit_start", "mid_broadcast", "after_probe")
-
-
-@dataclass(frozen=True)
-class TrialSettings:
-    """The fleet and clocks every trial of a campaign runs with."""
-
-    shards: int = 3
-    steps: int = 3
-    groups_per_step: int = 2
-    group_size: int = 3
-    generation_s: float = 0.2
-    reload_s: float = 0.15
-    startup_s: float = 0.4
-    weights_bytes: int = 16_000_000
-    probe_interval_s: float = 0.5
-    probe_timeout_s: float = 0.25
-    refit_timeout_s: float = 2.0
-    trial_timeout_s: float = 120.0
-    engine: Literal["sim", "vllm"] = "sim"
-
-    @classmethod
-    def for_engine(cls, engine: str) -> TrialSettings:
-        """The campaign's settings for ``engine``: a vLLM engine takes ~12 s to start, its
-        refit of the tiny model ~0.2 s, and three of them share two cores."""
-        if engine == "vllm":
-            return cls(
-                engine="vllm",
-                generation_s=0.3,  # a rollout's window (a tiny model's generation)
-                startup_s=8.0,  # an engine loading: the window to kill a replacement in
-                probe_interval_s=1.0,
-                probe_timeout_s=0.5,
-                refit_timeout_s=10.0,
-                trial_timeout_s=600.0,
-            )
-        return cls()
-
-    @property
-    def condemnation_s(self) -> float:
-        """How long a silent shard takes to be condemned by its probe streak, at least:
-        the threshold's probe rounds, one interval apart (unhealthy_threshold 3)."""
-        return 2 * self.probe_interval_s
-
-    def spec(self, run: str, stage_dir: str) -> SimulationSpec:
-        config = simulation_config(
-            probe_interval_s=self.probe_interval_s,
-            probe_timeout_s=self.probe_timeout_s,
-            restart_dead_shards=True,
-            refit_timeout_s=self.refit_timeout_s,
-        )
-        if self.engine == "vllm":
-            return SimulationSpec(
-                shards=self.shards,
-                steps=self.steps,
-                groups_per_step=self.groups_per_step,
-                group_size=self.group_size,
-                train_s=0.02,
-                config=config,
-                run=run,
-                engine="vllm",
-                await_restarts_s=240.0,
-            )
-        return SimulationSpec(
-            shards=self.shards,
-            steps=self.steps,
-            groups_per_step=self.groups_per_step,
-            group_size=self.group_size,
-            generation_s=self.generation_s,
-            train_s=0.02,
-            config=config,
-            run=run,
-            weights_bytes=self.weights_bytes,
-            reload_s=self.reload_s,
-            startup_s=self.startup_s,
-            stage_dir=stage_dir,
-            # The last refit re-admits every replacement: a fault aimed at a restart or at
-            # the re-admitting refit always has its phase.
-            await_restarts_s=30.0,
-        )
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault: ``kind`` on ``shard`` (``None``: the controller), ``delay_s`` after
-    ``phase`` of ``step`` is seen to begin; a pause is thawed after ``pause_s``."""
-
-    kind: FaultKind
-    shard: int | None
-    phase: Phase
-    step: int
-    delay_s: float
-    pause_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    seed: int
-    scenario: Scenario
-    faults: tuple[Fault, ...]
-
-    @property
-    def label(self) -> str:
-        main = self.faults[-1]
-        return f"{self.scenario}@{main.phase}"
-
-
-def plan_trial(
-    seed: int,
-    settings: TrialSettings = TrialSettings(),
-    only: tuple[Scenario, Phase] | None = None,
-) -> TrialPlan:
-    """The scenario of trial ``seed``: a pure function of the seed (and ``only``: a
-    scenario and phase every trial is held to, the moments still drawn from the seed)."""
-    rng = random.Random(seed)
-    scenario: Scenario = rng.choice(VLLM_KINDS if settings.engine == "vllm" else KINDS)
-    if only is not None:
-        scenario = only[0]
-    shards = list(range(settings.shards))
-    rng.shuffle(shards)
-    if scenario == "kill_controller":
-        phase = rng.choice(_CONTROLLER_PHASES) if only is None else only[1]
-        step = rng.randint(1, settings.steps - 1)
-        return TrialPlan(seed, scenario, (Fault("kill_controller", None, phase, step, 0.0),))
-    if scenario == "kill_replacement":
-        # The first kill makes a restart; the replacement is killed while it loads.
-        step = rng.randint(1, settings.steps - 2)
-        first = Fault("kill", shards[0], "rollouts", step, rng.uniform(0.02, 0.15))
-        again = Fault(
-            "kill_replacement", shards[0], "restart", step, rng.uniform(0, settings.startup_s)
-        )
-        return TrialPlan(seed, scenario, (first, again))
-    # Two faults close together land in one phase of their own: a restart or a
-    # re-admission would need a third fault first (1-2 faults a trial).
-    phases = _SHARD_PHASES if scenario != "two_shards" else (*_CONTROLLER_PHASES, "reload")
-    phase: Phase = rng.choice(phases) if only is None else only[1]
-    faults: list[Fault] = []
-    target = shards[-1]
-    if phase in ("restart", "readmit"):
-        # A shard must be restarting first: another one is killed early in the run.
-        step = rng.randint(1, settings.steps - 2)
-        faults.append(Fault("kill", shards[0], "rollouts", step, rng.uniform(0.02, 0.15)))
-        if phase == "readmit":
-            target = rng.choice(shards)  # the re-admitted shard itself, or a survivor
-    else:
-        step = rng.randint(1, settings.steps)
-    if scenario == "two_shards":
-        kinds: list[FaultKind] = [rng.choice(("kill", "freeze")), rng.choice(("kill", "freeze"))]
-        others = [s for s in shards if s != target and not (faults and s == faults[0].shard)]
-        second = others[0] if others else shards[1]
-        faults.append(Fault(kinds[0], target, phase, step, _delay(rng, phase, settings)))
-        faults.append(Fault(kinds[1], second, phase, step, rng.uniform(0.0, 0.05)))
-        return TrialPlan(seed, scenario, tuple(faults))
-    kind: FaultKind = scenario  # kill, kill_engine, freeze or pause
-    pause = rng.uniform(0.1, settings.condemnation_s * 0.6) if kind == "pause" else 0.0
-    faults.append(Fault(kind, target, phase, step, _delay(rng, phase, settings), pause))
-    return TrialPlan(seed, scenario, tuple(faults))
-
-
-def _delay(rng: random.Random, phase: Phase, settings: TrialSettings) -> float:
-    """How long after the phase is seen to begin: anywhere inside it."""
-    windows: dict[Phase, float] = {
-        "rollouts": settings.generation_s * 0.9,
-        "refit_start": 0.01,
-        "mid_broadcast": 0.01,
-        "reload": settings.reload_s * 0.9,
-        "restart": settings.startup_s * 0.9,
-        "readmit": 0.05,
-        "after_probe": 0.02,
-    }
-    return rng.uniform(0.0, windows[phase])
-
 
 # ── injecting ──────────────────────────────────────────────────────────────
 
@@ -580,7 +375,7 @@ def run_trial(
     plan: TrialPlan,
     db_url: str,
     *,
-    settings: TrialSettings = TrialSettings(),
+    settings: TrialSettings = DEFAULT_SETTINGS,
     ray_address: str | None = None,
     run_prefix: str = "chaos",
 ) -> TrialOutcome:
@@ -720,20 +515,24 @@ def _running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def trial_seeds(seed: int, trials: int) -> Iterator[int]:
-    """The seeds of a campaign: one per trial, each replaying its trial alone."""
-    rng = random.Random(seed)
-    for _ in range(trials):
-        yield rng.randrange(1, 2**31)
-
-
-def dumps(outcome: TrialOutcome) -> str:
-    return json.dumps(
-        {
-            "seed": outcome.plan.seed,
-            "scenario": outcome.plan.label,
-            "run": outcome.run,
-            "outcome": outcome.outcome,
-            "injections": [i.as_json() for i in outcome.injections],
+def dumps(outcome: TrialOutcome, verdict: Any = None) -> str:
+    """One trial as a JSON line: its plan, what was injected, and (given the oracle's
+    verdict) its problems and figures, so campaigns run in parts add up."""
+    line: dict[str, Any] = {
+        "seed": outcome.plan.seed,
+        "scenario": outcome.plan.label,
+        "run": outcome.run,
+        "outcome": outcome.outcome,
+        "elapsed_s": round(outcome.elapsed_s, 2),
+        "injections": [i.as_json() for i in outcome.injections],
+    }
+    if verdict is not None:
+        line |= {
+            "problems": verdict.problems,
+            "false_deaths": verdict.false_deaths,
+            "lost_prompts": verdict.lost_prompts,
+            "hung": verdict.hung,
+            "detection_s": [[*key, value] for key, value in verdict.detection_s.items()],
+            "recovery_s": [[*key, value] for key, value in verdict.recovery_s.items()],
         }
-    )
+    return json.dumps(line)

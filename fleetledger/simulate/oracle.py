@@ -1,6 +1,6 @@
 """The chaos campaign's oracle: a trial judged from its ledger and its fault log alone.
 
-What must hold whatever moment a fault chose (issue 20):
+What must hold whatever moment a fault chose:
 
 - every DEAD names a shard a fault hit, in the incarnation it hit, by the rule that
   fault should trigger: a kill by a confirmed death, a freeze by its probe streak (or
