@@ -434,8 +434,16 @@ def test_simulate_with_restarts_readmits_the_replacement_at_a_refit(log):
         generation_timeout_s=1.0,
         restart_dead_shards=True,
     )
+    # The last refit waits for the restart: on a loaded machine the replacement can take
+    # longer to load than the steps left take to run.
     result, _ = _simulate(
-        log, config=config, shards=3, steps=15, generation_s=0.2, chaos=(Chaos("kill", 1, 2),)
+        log,
+        config=config,
+        shards=3,
+        steps=15,
+        generation_s=0.2,
+        chaos=(Chaos("kill", 1, 2),),
+        await_restarts_s=120.0,
     )
     assert result.outcome == "completed", result.cause
     states = [state for _, state in _transitions(log, result.run, 1)]

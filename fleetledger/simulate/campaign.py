@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -413,9 +414,8 @@ def run_trial(
         thread.join(30)
         driver.thaw()
         follower.close()
-        for path in os.listdir(stage_dir):
-            os.unlink(os.path.join(stage_dir, path))
-        os.rmdir(stage_dir)
+        # An engine of the trial may still be writing its stage as the fleet goes down.
+        shutil.rmtree(stage_dir, ignore_errors=True)
     if driver.error is not None:
         outcome.outcome, outcome.cause = "error", f"the fault driver failed: {driver.error!r}"
     outcome.expected_prompts = _expected_prompts(settings)
