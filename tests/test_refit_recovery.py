@@ -785,3 +785,29 @@ def test_recovery_rounds_end_when_a_round_loses_nobody(ledger):
     with pytest.raises(RunFailed):
         coordinator.refit(1)
     assert ledger.view.ended is not None and ledger.view.ended.outcome == "failed"
+
+
+def test_a_second_kill_in_the_retry_is_recovered_too(ledger):
+    """Two kills close together as a refit starts (seen by the chaos campaign): the retry
+    meets the second death. Each round lost a participant, so the next round rebuilds
+    over the last survivor and the refit completes — the reference ended the run."""
+    first = RefitFailed("push", dead={Party.shard(1): "ActorDiedError: killed"})
+    second = RefitFailed("push", dead={Party.shard(2): "ActorDiedError: killed"})
+    sync = _Scripted(reconciles=[], pushes=[first, second])
+    rounds = _Rounds(
+        {1: ProbeResult("died", "ActorDiedError: killed")},
+        {2: ProbeResult("died", "ActorDiedError: killed")},
+        {},
+    )
+    coordinator = RefitCoordinator(
+        ledger, sync, rounds, refit_timeout_s=1.0, grace_s=1.0, probe_timeout_s=0.5
+    )
+    outcome = coordinator.refit(1)
+    assert outcome.recovered and outcome.participants == (0,) and outcome.condemned is None
+    assert [ledger.view.state_of(s) for s in range(3)] == [
+        ShardState.HEALTHY,
+        ShardState.DEAD,
+        ShardState.DEAD,
+    ]
+    types = [r.event.type for r in ledger.log.read(ledger.run, 1)]
+    assert types.count("refit_aborted") == 2 and types[-1] == "refit_completed"
