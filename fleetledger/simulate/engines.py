@@ -20,6 +20,7 @@ import ray
 from ray.actor import ActorHandle
 
 from fleetledger.controller.ray_fleet import RayShardFleet, ShardFactory
+from fleetledger.controller.runtime_deaths import actor_death_of
 from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_factory
 from fleetledger.simulate.spec import SimulationSpec
 from fleetledger.simulate.trainer import SimulatedTrainer
@@ -80,7 +81,17 @@ def _vllm(spec: SimulationSpec, prefix: str, teardown: ExitStack) -> EngineChoic
     factory = vllm_shard_factory(prefix, VllmEngineSpec(model=model, run_dir=run_dir))
 
     def check(fleet: RayShardFleet, shards: Sequence[int]) -> float | None:
-        return refit_logprob_diff(trainer, [fleet.handle(s) for s in shards])
+        # Shard by shard: one that died after its refit completed (the chaos campaign
+        # killed one in the last moment of its reload) has nothing left to check, and its
+        # death is the probes' to record; it must not end the run from here.
+        diffs = []
+        for shard in shards:
+            try:
+                diffs.append(refit_logprob_diff(trainer, [fleet.handle(shard)]))
+            except Exception as exc:
+                if actor_death_of(exc) is None:
+                    raise
+        return max((d for d in diffs if d is not None), default=None)
 
     # Engines start concurrently on few cores: one takes ~15-20 s alone, more together.
     return EngineChoice(factory, trainer, 60.0 + 30.0 * spec.shards, check, real=True)
