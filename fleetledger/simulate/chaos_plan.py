@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from fleetledger.simulate.spec import SimulationSpec, simulation_config
 
@@ -29,15 +29,7 @@ __all__ = [
 Phase = Literal[
     "rollouts", "refit_start", "mid_broadcast", "reload", "restart", "readmit", "after_probe"
 ]
-PHASES: tuple[Phase, ...] = (
-    "rollouts",
-    "refit_start",
-    "mid_broadcast",
-    "reload",
-    "restart",
-    "readmit",
-    "after_probe",
-)
+PHASES: tuple[Phase, ...] = get_args(Phase)
 FaultKind = Literal["kill", "kill_engine", "freeze", "pause", "kill_replacement", "kill_controller"]
 Scenario = Literal[
     "kill", "kill_engine", "freeze", "pause", "kill_replacement", "two_shards", "kill_controller"
