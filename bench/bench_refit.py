@@ -179,10 +179,7 @@ def _kill_to_next_refit(
     log = EventLog.open(f"sqlite:///{db}")
     stop = threading.Event()
     try:
-        ledger = Ledger.start(
-            log, "r", FleetConfig(shard_count=3, train_world_size=1, base_urls=("a", "b", "c"))
-        )
-        fleet = RayShardFleet(dict(enumerate(w.workers)))
+        ledger, fleet = _ledger_and_fleet(log, w)
         coordinator = RefitCoordinator(
             ledger,
             w.sync,
@@ -252,6 +249,14 @@ def bench_kill_at_the_default_timeout(repeat: int, db_dir: Path, old_timeouts: l
         )
 
 
+def _ledger_and_fleet(log: EventLog, w: _World) -> tuple[Ledger, RayShardFleet]:
+    """A three-shard run's ledger, and its workers as the fleet the probes reach."""
+    ledger = Ledger.start(
+        log, "r", FleetConfig(shard_count=3, train_world_size=1, base_urls=("a", "b", "c"))
+    )
+    return ledger, RayShardFleet(dict(enumerate(w.workers)))
+
+
 def _freeze_at_refit(db: Path, sync_class: type[GlooBroadcastSynchronizer]) -> tuple[float, float]:
     """One trial of part 5: (detection, total) seconds from a SIGSTOP of shard 1 as every
     member is inside the push to (its DEAD recorded, the recovered refit back)."""
@@ -260,10 +265,7 @@ def _freeze_at_refit(db: Path, sync_class: type[GlooBroadcastSynchronizer]) -> t
     log = EventLog.open(f"sqlite:///{db}")
     stop = threading.Event()
     try:
-        ledger = Ledger.start(
-            log, "r", FleetConfig(shard_count=3, train_world_size=1, base_urls=("a", "b", "c"))
-        )
-        fleet = RayShardFleet(dict(enumerate(w.workers)))
+        ledger, fleet = _ledger_and_fleet(log, w)
         coordinator = RefitCoordinator(
             ledger, w.sync, fleet, refit_timeout_s=30.0, grace_s=1.0, probe_timeout_s=0.25
         )
