@@ -27,13 +27,13 @@ import threading
 import time
 from pathlib import Path
 
-from fleetledger.controller.config import FleetHealthConfig
+from fleetledger.adapters.outcome_reporter import OutcomeWindow
+from fleetledger.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.outcome_reporter import OutcomeWindow
 from fleetledger.controller.probe_pump import ProbePump
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, OutcomeWindowReported, ShardOutcomes
 from fleetledger.logs import configure_logging
+from fleetledger.store.log import EventLog
 
 
 def _config(shards: int, **health: float) -> FleetConfig:

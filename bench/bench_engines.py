@@ -40,10 +40,10 @@ from fleetledger.controller.ray_fleet import RayShardFleet, local_ray
 from fleetledger.engines.models import tiny_llama
 from fleetledger.engines.policy import PolicyTrainer
 from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory
-from fleetledger.events.log import EventLog
 from fleetledger.logs import configure_logging
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.simulate import simulation_config
+from fleetledger.store.log import EventLog
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
 READY_S = 300.0

@@ -57,12 +57,12 @@ from bench_ledger import (
 
 from fleetledger.cli import app
 from fleetledger.controller.ledger import DEFAULT_SNAPSHOT_EVERY
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import datetime_from_us
-from fleetledger.events.schema import snapshots
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
 from fleetledger.queries import load_view, read_history
+from fleetledger.store.log import EventLog
+from fleetledger.store.schema import snapshots
 
 TARGET_REPLAY_S = 3.0  # for 1,000,000 events
 TARGET_AT_MS = 100.0

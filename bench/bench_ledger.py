@@ -57,7 +57,6 @@ from sqlalchemy import (
 
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
-from fleetledger.events.log import EventLog, wall_clock_us
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     Event,
@@ -78,14 +77,15 @@ from fleetledger.events.models import (
     StallDetected,
     WeightsMarkedPartial,
 )
-from fleetledger.events.schema import events as events_table
-from fleetledger.events.schema import metadata, runs, snapshots
-from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries import load_view
+from fleetledger.store.log import EventLog, wall_clock_us
+from fleetledger.store.schema import events as events_table
+from fleetledger.store.schema import metadata, runs, snapshots
+from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
 
 # Bump when the generator's output changes: it is part of the cache file's name.
 # 2: a probe is a one-shard probe_round, not a v1 per-shard event; 3: --v1-probes rows are

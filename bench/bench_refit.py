@@ -44,15 +44,15 @@ from pathlib import Path
 
 import ray
 
-from fleetledger.controller.config import FleetHealthConfig, RefitConfig
+from fleetledger.config import FleetHealthConfig, RefitConfig
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.probe_pump import ProbePump
 from fleetledger.controller.ray_fleet import RayShardFleet, local_ray
 from fleetledger.controller.refit_recovery import DEFAULT_WATCH_INTERVAL_S, RefitCoordinator
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
 from fleetledger.logs import configure_logging
 from fleetledger.projections.fleet_view import fold_with_transitions
+from fleetledger.store.log import EventLog
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
 from fleetledger.transports.ray_members import GenerationWorker, TrainerRank
 from fleetledger.weight_sync import AbortReport

@@ -36,9 +36,9 @@ from pathlib import Path
 import aiohttp
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.router import reserve_port
-from fleetledger.events.log import EventLog
+from fleetledger.router.app import reserve_port
 from fleetledger.simulate import simulation_config
+from fleetledger.store.log import EventLog
 
 CONSOLE = Path(sys.executable).parent / "fleetledger"
 

@@ -71,13 +71,13 @@ from sqlalchemy import insert
 
 from fleetledger.cli.ledger_commands import snapshot_imported
 from fleetledger.controller.ledger import Ledger, ProbeResult, round_event
+from fleetledger.events.jsonl import ImportRow
 from fleetledger.events.legacy import ProbeSucceededV1
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, RunStarted, iso_at
-from fleetledger.events.records import ImportRow
-from fleetledger.events.schema import events as events_table
 from fleetledger.projections.fleet_view import fold_pages
 from fleetledger.projections.snapshot import to_snapshot
+from fleetledger.store.log import EventLog
+from fleetledger.store.schema import events as events_table
 
 FLEETLEDGER = str(Path(sys.executable).parent / "fleetledger")
 # Processes keep their bytecode in a temporary cache, as an installed package's is kept,

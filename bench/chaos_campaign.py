@@ -33,7 +33,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleetledger.controller.ray_fleet import local_ray
-from fleetledger.events.log import EventLog
 from fleetledger.simulate.campaign import dumps, run_trial
 from fleetledger.simulate.chaos_plan import (
     PHASES,
@@ -43,6 +42,7 @@ from fleetledger.simulate.chaos_plan import (
     trial_seeds,
 )
 from fleetledger.simulate.oracle import REFIT_AFTER_DEATH_BOUND_S, judge_from_log
+from fleetledger.store.log import EventLog
 
 
 def _figures(samples: list[float]) -> str:

@@ -27,28 +27,24 @@ from pathlib import Path
 import ray
 import torch
 
-from fleetledger.controller.config import ControllerConfig
-from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import Generation, GenerationRequest, GenerationShard
-from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.ray_fleet import (
-    GenerationReports,
-    RayShardFleet,
-    local_ray,
-    shard_actor_name,
-)
-from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
-from fleetledger.controller.retry_policy import (
+from fleetledger.adapters.deadlines import RolloutDeadlines
+from fleetledger.adapters.retry_policy import (
     PromptSkipped,
     RetryPolicy,
     RolloutAbandoned,
     RolloutCounters,
     run_rollout,
 )
-from fleetledger.controller.shard_selector import ShardSelector
-from fleetledger.events.log import EventLog
+from fleetledger.adapters.shard_selector import ShardSelector
+from fleetledger.config import ControllerConfig
+from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
+from fleetledger.controller.ledger import Ledger
+from fleetledger.controller.ray_fleet import GenerationReports, RayShardFleet, local_ray
+from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
 from fleetledger.logs import configure_logging
+from fleetledger.shards.contract import Generation, GenerationRequest, GenerationShard
+from fleetledger.shards.naming import shard_actor_name
+from fleetledger.store.log import EventLog
 from fleetledger.transports.ray_members import CommunicatorActor, TrainerRank
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
@@ -65,7 +61,7 @@ class TinyEngine(GenerationShard, CommunicatorActor):
     def __init__(self, index: int) -> None:
         self.index, self.version = index, 0
 
-    async def is_alive(self) -> bool:
+    async def is_alive(self, deep: bool = False) -> bool:
         return True
 
     async def generate(self, request: GenerationRequest) -> Generation:
@@ -199,7 +195,8 @@ async def train(args, config, ledger, fleet, trainer) -> str:  # noqa: ANN001
             if step == args.steps and args.await_restarts:
                 await restarts_done(ledger, args.await_restarts)
             if args.kill and args.kill[1] == step:  # chaos: SIGKILL, mid-rollouts
-                loop.call_later(0.01, os.kill, fleet.call(args.kill[0], "pid"), signal.SIGKILL)
+                pid = ray.get(fleet.handle(args.kill[0]).pid.remote(), timeout=30)
+                loop.call_later(0.01, os.kill, pid, signal.SIGKILL)
             prompts = [f"s{step}p{k}" for k in range(PROMPTS_PER_STEP)]
             rollouts = (
                 run_rollout(

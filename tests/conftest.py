@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from fleetledger.events.database import migrate
-from fleetledger.events.log import EventLog
+from fleetledger.store.database import migrate
+from fleetledger.store.log import EventLog
 
 # Ray writes an auth token under ~/.ray unless told not to; set before any test imports it.
 os.environ["RAY_AUTH_MODE"] = "disabled"

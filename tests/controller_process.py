@@ -15,12 +15,12 @@ import threading
 
 import ray
 
-from fleetledger.controller.config import ControllerConfig
+from fleetledger.config import ControllerConfig
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet
-from fleetledger.events.log import EventLog
 from fleetledger.projections.membership import membership_document
+from fleetledger.store.log import EventLog
 
 
 def main() -> None:

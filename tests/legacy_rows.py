@@ -20,9 +20,9 @@ from sqlalchemy import Engine, insert, select
 from fleetledger.events.codec import EventCodec
 from fleetledger.events.jsonl import parse_export
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import Event, iso_at
-from fleetledger.events.schema import events, runs
+from fleetledger.store.log import EventLog
+from fleetledger.store.schema import events, runs
 
 OldEvent = ProbeSucceededV1 | ProbeFailedV1
 Item = Event | OldEvent

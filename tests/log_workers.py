@@ -21,8 +21,8 @@ import json
 import random
 import sys
 
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RefitStarted
+from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 
 SHARDS = 3  # the runs these workers append to are started with tests.builders.fleet_config()

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
-from fleetledger.controller.outcome_reporter import OutcomeReporter
+from fleetledger.adapters.outcome_reporter import OutcomeReporter
 
 SHARD_HEADER = "x-fleetledger-shard"
 

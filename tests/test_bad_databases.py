@@ -32,10 +32,10 @@ from click.testing import Result
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from fleetledger.events.database import migrate, open_database
 from fleetledger.events.errors import LedgerWriteError
-from fleetledger.events.log import EventLog
-from fleetledger.events.revisions import head_revision
+from fleetledger.store.database import migrate, open_database
+from fleetledger.store.log import EventLog
+from fleetledger.store.revisions import head_revision
 from tests.builders import probe_ok
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import _build, assert_cli_error, dump, file_bytes

@@ -42,13 +42,13 @@ from fleetledger.events.bundle import (
 )
 from fleetledger.events.codec import MAX_JSON_DEPTH, EventCodec
 from fleetledger.events.errors import EventIdConflict
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     Event,
     RefitCompleted,
     RefitStarted,
     RestartRequested,
 )
+from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import (

@@ -40,7 +40,6 @@ from fleetledger.events.errors import (
     UnknownRun,
 )
 from fleetledger.events.jsonl import export_lines
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     Event,
     FleetConfig,
@@ -51,6 +50,7 @@ from fleetledger.events.models import (
     RunStarted,
     ShardOutcomes,
 )
+from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.cli_support import run_cli
 from tests.legacy_rows import insert_old_rows, probe_failed_v1, probe_ok_v1

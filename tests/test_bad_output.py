@@ -32,8 +32,8 @@ import pytest
 
 from fleetledger.cli.output import OutputFileError, whole_file
 from fleetledger.events.errors import UnknownRun
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, RunStarted
+from fleetledger.store.log import EventLog
 from tests.builders import probe_failed
 from tests.cli_support import invoke, run_cli
 from tests.test_bad_input import R1_HEAD, _build, assert_cli_error, dump, raw_sql

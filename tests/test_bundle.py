@@ -30,7 +30,7 @@ from fleetledger.events.bundle import (
     SUMMARY,
     fleetledger_version,
 )
-from fleetledger.events.log import EventLog
+from fleetledger.store.log import EventLog
 from tests.builders import dump_tables
 from tests.cli_support import invoke, run_cli
 from tests.test_timeline import STORY_RUN, write_story
@@ -401,7 +401,7 @@ def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, da
     from fleetledger.events.bundle import read_import, write_bundle
     from fleetledger.events.codec import EventCodec
     from fleetledger.events.errors import LedgerError
-    from fleetledger.events.log import EventLog
+    from fleetledger.store.log import EventLog
     from tests.builders import run_started
 
     with EventLog.open(f"sqlite:///{tmp_path}/l.db") as log:

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.log import EventLog
 from fleetledger.simulate.campaign import Injection, TrialOutcome, run_trial
 from fleetledger.simulate.chaos_plan import (
     KINDS,
@@ -27,6 +26,7 @@ from fleetledger.simulate.chaos_plan import (
     trial_seeds,
 )
 from fleetledger.simulate.oracle import judge, judge_from_log
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 SETTINGS = TrialSettings()

@@ -20,23 +20,22 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.deadlines import RolloutDeadlines
+from fleetledger.adapters.failure_taxonomy import (
     DeadlineExpired,
     GenerationUnavailable,
     RolloutDataFailure,
 )
+from fleetledger.adapters.outcome_reporter import OutcomeReporter
+from fleetledger.adapters.retry_policy import RetryPolicy, RolloutCounters, run_rollout
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.outcome_reporter import OutcomeReporter
-from fleetledger.controller.retry_policy import RetryPolicy, RolloutCounters, run_rollout
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import MAX_TEXT, RecordedEvent
 from fleetledger.projections.fleet_view import fold_with_transitions
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.queries import RunReader, load_view
+from fleetledger.shards.contract import Generation, GenerationRequest
 from fleetledger.simulate import (
     Chaos,
     SimulationResult,
@@ -44,6 +43,7 @@ from fleetledger.simulate import (
     run_simulation,
     simulation_config,
 )
+from fleetledger.store.log import EventLog
 
 pytestmark = pytest.mark.slow
 
@@ -197,7 +197,7 @@ def test_restart_replaces_the_actor_stale_until_refit_then_budget_retires(log, f
     }
     ledger.refit_completed(1)
     assert ledger.view.state_of(0) is ShardState.HEALTHY
-    assert fleet.call(0, "weight_version") == 1
+    assert ray.get(fleet.handle(0).weight_version.remote(), timeout=30) == 1
     # Second death: the budget of one restart is spent, so the shard is retired and its
     # (dead) actor is not replaced.
     os.kill(new_pid, signal.SIGKILL)
@@ -212,7 +212,7 @@ def test_a_wedged_engine_answers_probes_and_the_adapters_reports_condemn_it(log,
     would; the controller learns of the condemnation by folding the log's tail."""
     controller = _controller(log, fleet)
     ledger = controller.ledger
-    fleet.call(0, "set_fault", "hang")
+    ray.get(fleet.handle(0).set_fault.remote("hang"), timeout=30)
     deadlines = RolloutDeadlines(generation_s=0.3)
     request = GenerationRequest(prompt_id="p", group_id="g", prompt="2+2=")
 
@@ -714,12 +714,15 @@ def test_the_library_synchronizer_allocates_and_takes_a_restarted_shard_back(log
         def refit(version: int) -> tuple[int, ...]:
             root = ray.get(trainer.train_step.remote(version), timeout=60)
             outcome = coordinator.refit(version)
-            sums = {s: fleet.call(s, "refit_checksum") for s in outcome.participants}
+            sums = {
+                s: ray.get(fleet.handle(s).refit_checksum.remote(), timeout=30)
+                for s in outcome.participants
+            }
             assert set(sums.values()) == {root}, sums
             return outcome.participants
 
         assert refit(1) == (0, 1, 2)  # the first reconcile allocated every shard
-        assert fleet.call(1, "weight_version") == 1
+        assert ray.get(fleet.handle(1).weight_version.remote(), timeout=30) == 1
         os.kill(fleet.pids()[1], signal.SIGKILL)
         controller.pump.probe_round()
         assert refit(2) == (0, 2)
@@ -728,7 +731,7 @@ def test_the_library_synchronizer_allocates_and_takes_a_restarted_shard_back(log
         assert refit(3) == (0, 1, 2)  # allocated, replaced, rebuilt: taken back
         assert sync.joined_incarnation(1) == 1 and sync.readmitted == 1
         assert ledger.view.state_of(1) is ShardState.HEALTHY
-        assert fleet.call(1, "weight_version") == 3
+        assert ray.get(fleet.handle(1).weight_version.remote(), timeout=30) == 3
     finally:
         ray.kill(trainer)
         fleet.shutdown()

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from fleetledger.events.log import EventLog
-from fleetledger.events.revisions import head_revision
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
+from fleetledger.store.log import EventLog
+from fleetledger.store.revisions import head_revision
 from tests.cli_support import invoke, run_cli
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -418,7 +418,7 @@ def test_the_version_imports_no_database_layer() -> None:
     code = (
         "import sys; from fleetledger.cli import app\n"
         "try:\n    app(['--version'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'fleetledger.events.log') "
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'fleetledger.store.log') "
         "if m in sys.modules), file=sys.stderr)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetledger.events.log import EventLog
 from fleetledger.projections.snapshot import PROJECTION_VERSION
+from fleetledger.store.log import EventLog
 from tests.cli_support import invoke
 
 CLI_PACKAGE = Path(__file__).resolve().parent.parent / "fleetledger" / "cli"
@@ -49,7 +49,7 @@ NEVER_FOR_A_READ = (
 # Printing JSON needs no table: neither rich nor the replay table's code.
 NEVER_FOR_JSON = (*NEVER_FOR_A_READ, "rich", "fleetledger.cli.entry_table")
 # `--version` and `--help` read no ledger: not even the log's libraries.
-NEVER_FOR_STARTUP = (*NEVER_FOR_JSON, "pydantic", "fleetledger.events.log")
+NEVER_FOR_STARTUP = (*NEVER_FOR_JSON, "pydantic", "fleetledger.store.log")
 WATCHED = sorted({*NEVER_FOR_STARTUP, "fleetledger.queries"})
 
 SCRIPT = """
@@ -134,7 +134,7 @@ def test_a_read_command_with_json_loads_only_the_read_side(tmp_path, demo, args)
     assert ran.stderr == ""
     json.loads(ran.stdout.splitlines()[0] if args[0] == "replay" else ran.stdout)
     assert ran.loaded & set(NEVER_FOR_JSON) == set()
-    assert "fleetledger.events.log" in ran.loaded  # the report sees what was loaded
+    assert "fleetledger.store.log" in ran.loaded  # the report sees what was loaded
 
 
 @pytest.mark.parametrize("command", ["membership", "replay"])

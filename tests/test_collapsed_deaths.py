@@ -21,11 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.metrics import FleetMetrics
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import ActorDeathConfirmed
 from fleetledger.logs import configure_logging
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 _runs = itertools.count()

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from fleetledger.controller.config import (
+from fleetledger.config import (
     CLIENT_RETRIED_STATUSES,
     RENAMED_KEYS,
     ConfigError,
@@ -17,8 +17,8 @@ from fleetledger.controller.config import (
     WatchdogConfig,
 )
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RunStarted
+from fleetledger.store.log import EventLog
 
 URLS = tuple(f"http://127.0.0.1:{8000 + i}/v1" for i in range(4))
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from fleetledger.events.db_urls import parse_db_url, split_url
 from fleetledger.events.errors import LedgerOpenError
+from fleetledger.store.urls import parse_db_url, split_url
 
 SCHEMES = ["sqlite", "sqlite+pysqlite", "postgresql", "postgres", "postgresql+psycopg", "my_db"]
 # Every character the grammar treats specially, a few it does not, and non-ASCII ones

@@ -12,9 +12,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import pytest
 
-from fleetledger.controller.deadlines import Deadline, DeadlineExpired, RolloutDeadlines
-from fleetledger.controller.failure_taxonomy import Classification, FailureKind, classify_exception
-from fleetledger.controller.retry_policy import Attempt, RetryPolicy, RolloutCounters, run_rollout
+from fleetledger.adapters.deadlines import Deadline, DeadlineExpired, RolloutDeadlines
+from fleetledger.adapters.failure_taxonomy import Classification, FailureKind, classify_exception
+from fleetledger.adapters.retry_policy import Attempt, RetryPolicy, RolloutCounters, run_rollout
 
 SHORT = 0.005
 LONG = 300.0

@@ -19,7 +19,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from fleetledger.controller.generation_shard import EngineDead
 from fleetledger.controller.ledger import Ledger, ProbeResult, round_event
 from fleetledger.controller.ray_fleet import GenerationReports
 from fleetledger.controller.runtime_deaths import (
@@ -30,7 +29,6 @@ from fleetledger.controller.runtime_deaths import (
     probe_result_of,
 )
 from fleetledger.events.codec import EventCodec
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     ProbeDeath,
@@ -39,6 +37,8 @@ from fleetledger.events.models import (
 from fleetledger.projections.explain import describe_event
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.shard_states import SERVING, Input, ShardState
+from fleetledger.shards.contract import EngineDead
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config as ledger_fleet_config
 from tests.projection_builders import Fleet, put_in, recorded
 from tests.test_explain import shard_of

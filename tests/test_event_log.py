@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from fleetledger.events.database import open_database
 from fleetledger.events.errors import AppendRejected, UnknownRun
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ProbeRound,
     RefitStarted,
     RunEnded,
     RunStarted,
 )
+from fleetledger.store.database import open_database
+from fleetledger.store.log import EventLog
 from tests.builders import (
     dump_tables,
     fleet_config,

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from fleetledger.controller.config import ControllerConfig
-from fleetledger.events.log import EventLog
+from fleetledger.config import ControllerConfig
 from fleetledger.projections.fleet_view import fold_with_transitions
 from fleetledger.queries import load_view
+from fleetledger.store.log import EventLog
 from tests.probe_facts import deaths as recorded_deaths
 
 ROOT = Path(__file__).resolve().parent.parent

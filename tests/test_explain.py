@@ -16,7 +16,6 @@ from dataclasses import fields
 import pytest
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     CondemnationRefused,
     FailureCount,
@@ -40,6 +39,7 @@ from fleetledger.projections.fleet_view import ProjectionError, fold
 from fleetledger.projections.history import replay
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config as ledger_fleet_config
 from tests.cli_support import run_cli
 from tests.projection_builders import T0_US, Fleet, at_us_of, outcome, put_in

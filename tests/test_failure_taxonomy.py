@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.failure_taxonomy import (
     MAX_CAUSE_LINKS,
     Classification,
     DeadlineExpired,
@@ -426,7 +426,7 @@ def test_an_aiohttp_response_error_without_request_info_is_classified_by_its_sta
 
 def test_an_aiohttp_response_error_without_request_info_is_retried_elsewhere() -> None:
     aiohttp = pytest.importorskip("aiohttp")
-    from fleetledger.controller.retry_policy import RetryPolicy, RolloutCounters, run_rollout
+    from fleetledger.adapters.retry_policy import RetryPolicy, RolloutCounters, run_rollout
 
     shards = iter(range(10))
     seen: list[int] = []

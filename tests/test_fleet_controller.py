@@ -12,11 +12,11 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
-from fleetledger.controller.config import ControllerConfig
+from fleetledger.config import ControllerConfig
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

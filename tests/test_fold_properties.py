@@ -23,7 +23,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -55,6 +54,7 @@ from fleetledger.projections.fleet_view import (
     FleetView,
     ProjectionError,
     fold,
+    fold_pages,
     fold_with_transitions,
 )
 from fleetledger.projections.membership import membership_document
@@ -62,6 +62,7 @@ from fleetledger.projections.rank_layout import RankLayoutError, rank_layout
 from fleetledger.projections.shard_states import Input, ShardRecord, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot, to_snapshot
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
 from tests.projection_builders import RUN, fleet_config, record_run, recorded
 
 H, S, D, R, ST, RT = (
@@ -631,3 +632,15 @@ def test_a_snapshot_of_the_previous_projection_version_is_skipped_and_refolded(s
         assert view == fold(log.read(RUN)) == ledger.view
         assert view.absent_generation == 2
         assert Ledger.resume(log, RUN).membership.absent_generation == 2
+
+
+@given(runs(min_events=1), st.lists(st.integers(1, 7), max_size=40))
+def test_folding_in_pages_through_the_quiet_fast_path_is_the_plain_fold(records, cuts):
+    """``fold_pages`` takes quiet probe rounds of HEALTHY shards through an inlined copy
+    of the probe-success rule: wherever the pages are cut, it must equal ``fold``."""
+    pages, at = [], 0
+    for size in cuts:
+        pages.append(records[at : at + size])
+        at += size
+    pages.append(records[at:])
+    assert fold_pages(pages) == fold(records)

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
-from fleetledger.controller.generation_shard import GenerationRequest
+from fleetledger.adapters.failure_taxonomy import FailureKind, classify_exception
 from fleetledger.engines.simulated import SimulatedShard
+from fleetledger.shards.contract import GenerationRequest
 
 REQUEST = GenerationRequest(prompt_id="p1", group_id="g1", prompt="2+2=")
 

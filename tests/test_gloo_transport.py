@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.log import EventLog
 from fleetledger.projections.rank_layout import RankLayoutError
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 pytestmark = pytest.mark.slow

@@ -28,8 +28,8 @@ from click.testing import Result
 
 from fleetledger.cli.output import terminal_safe
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
+from fleetledger.store.log import EventLog
 from tests.cli_support import invoke, run_cli, run_with_a_terminal
 from tests.test_bad_input import assert_cli_error
 

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetledger.controller.ledger import ProbeResult, round_event
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RunStarted
-from fleetledger.events.schema import snapshots
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.snapshot import (
     PROJECTION_VERSION,
@@ -23,6 +21,8 @@ from fleetledger.projections.snapshot import (
     from_snapshot,
     to_snapshot,
 )
+from fleetledger.store.log import EventLog
+from fleetledger.store.schema import snapshots
 from tests.builders import probe_ok
 from tests.cli_support import invoke
 from tests.legacy_rows import export_lines, probe_ok_v1

@@ -23,10 +23,15 @@ BELOW_CLI = frozenset(
         "errors",
         "logs",
         "events",
+        "store",
         "projections",
         "weight_sync",
         "queries",
+        "config",
+        "shards",
+        "adapters",
         "controller",
+        "router",
         "transports",
         "engines",
     }
@@ -38,18 +43,37 @@ BELOW_CLI = frozenset(
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "errors": frozenset(),
     "logs": frozenset(),
-    "events": frozenset({"logs"}),
+    "events": frozenset(),
+    "store": frozenset({"events", "logs"}),
     "projections": frozenset({"events"}),
     "weight_sync": frozenset({"events", "projections"}),
-    "queries": frozenset({"events", "projections", "logs"}),
-    "controller": frozenset({"events", "projections", "queries", "weight_sync", "logs"}),
+    "queries": frozenset({"events", "store", "projections", "logs"}),
+    "config": frozenset({"events"}),
+    "shards": frozenset({"logs"}),
+    "adapters": frozenset({"events", "store", "config", "shards", "logs"}),
+    "controller": frozenset(
+        {
+            "events",
+            "store",
+            "projections",
+            "queries",
+            "weight_sync",
+            "config",
+            "shards",
+            "adapters",
+            "logs",
+        }
+    ),
+    "router": frozenset(
+        {"events", "store", "projections", "queries", "config", "adapters", "logs"}
+    ),
     "transports": frozenset({"events", "projections", "weight_sync", "logs"}),
     "engines": frozenset(
-        {"controller", "transports", "weight_sync", "projections", "events", "logs"}
+        {"shards", "adapters", "transports", "weight_sync", "projections", "events", "logs"}
     ),
     "simulate": BELOW_CLI,
     "cli": BELOW_CLI | {"simulate"},
-    "migrations": frozenset({"events"}),
+    "migrations": frozenset({"events", "store"}),
 }
 
 
@@ -168,7 +192,8 @@ def test_no_module_docstring_cites_an_issue_or_a_document_outside_the_repository
 )
 def test_read_commands_never_load_the_controller(argv, tmp_path):
     """A read command answers from the log through ``queries``: it loads neither the
-    imperative shell, nor a transport, nor Ray. (The run does not exist: the command
+    imperative shell, nor the router, the adapters or the shard contract, nor a
+    transport, nor Ray. (The run does not exist: the command
     fails after the imports it needs, which is what is measured.)"""
     script = (
         "import sys\n"
@@ -180,10 +205,70 @@ def test_read_commands_never_load_the_controller(argv, tmp_path):
         "    pass\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[:2] in (\n"
         "    ['fleetledger', 'controller'], ['fleetledger', 'transports'],\n"
-        "    ['fleetledger', 'simulate'], ['fleetledger', 'engines']) or m == 'ray')\n"
+        "    ['fleetledger', 'simulate'], ['fleetledger', 'engines'],\n"
+        "    ['fleetledger', 'router'], ['fleetledger', 'adapters'],\n"
+        "    ['fleetledger', 'shards']) or m == 'ray')\n"
         "print('LOADED', loaded)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
     )
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
+
+
+# Third-party packages that cost start-up time or may be absent (extras): importing one
+# inside the function that needs it keeps the read commands fast and the core installable
+# without it.
+HEAVY_OR_OPTIONAL = frozenset(
+    {
+        "aiohttp",
+        "alembic",
+        "matplotlib",
+        "openai",
+        "PIL",
+        "psutil",
+        "psycopg",
+        "psycopg2",
+        "ray",
+        "safetensors",
+        "sqlalchemy",
+        "structlog",
+        "tokenizers",
+        "torch",
+        "transformers",
+        "uvicorn",
+        "vllm",
+    }
+)
+
+
+def _function_local_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import inside a function body, ``TYPE_CHECKING`` aside."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, filename=str(path))
+    found: list[tuple[int, str]] = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.Import):
+                found += [(node.lineno, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.append((node.lineno, node.module))
+    return sorted(set(found))
+
+
+def test_a_function_local_import_is_heavy_optional_or_says_why():
+    """An import inside a function hides a dependency until the call: allowed for the
+    command line (start-up time is its budget), for a heavy or optional third-party
+    package, and otherwise only with a comment on the line saying why."""
+    offenders = []
+    for path in modules():
+        if part_of(path) == "cli":
+            continue
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for lineno, module in _function_local_imports(path):
+            if module.split(".")[0] in HEAVY_OR_OPTIONAL or "#" in lines[lineno - 1]:
+                continue
+            offenders.append(f"{path.relative_to(PACKAGE.parent)}:{lineno} imports {module}")
+    assert offenders == []

@@ -8,20 +8,20 @@ import sys
 import textwrap
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, ShardOutcomes
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries import load_view
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 RESUME_AND_FAIL_SHARD_1 = textwrap.dedent(
     """
     import json, sys
     from fleetledger.controller.ledger import Ledger, ProbeResult
-    from fleetledger.events.log import EventLog
+    from fleetledger.store.log import EventLog
     from fleetledger.projections.membership import membership_document
 
     log = EventLog.open(sys.argv[1])

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.logs import configure_logging
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

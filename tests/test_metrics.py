@@ -7,11 +7,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetledger.adapters.retry_policy import RolloutCounters
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.metrics import FleetMetrics, ProgressSample
-from fleetledger.controller.retry_policy import RolloutCounters
-from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

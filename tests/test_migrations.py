@@ -17,12 +17,12 @@ from alembic import command
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from fleetledger.events.codec import EventCodec
-from fleetledger.events.database import migrate, open_database
 from fleetledger.events.errors import LedgerOpenError, MigrationRequired, UnknownRevision
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import ProbeFailure, ProbeRound, RunStarted
-from fleetledger.events.revisions import VERSION_TABLE, alembic_config, head_revision
-from fleetledger.events.schema import metadata
+from fleetledger.store.database import migrate, open_database
+from fleetledger.store.log import EventLog
+from fleetledger.store.revisions import VERSION_TABLE, alembic_config, head_revision
+from fleetledger.store.schema import metadata
 from tests.builders import (
     dump_tables,
     fleet_config,
@@ -395,7 +395,7 @@ def test_the_revisions_every_open_checks_are_the_migration_scripts() -> None:
     """Opens read ``REVISIONS`` instead of importing Alembic: it must list the scripts."""
     from alembic.script import ScriptDirectory
 
-    from fleetledger.events.revisions import REVISIONS, alembic_config
+    from fleetledger.store.revisions import REVISIONS, alembic_config
 
     scripts = ScriptDirectory.from_config(alembic_config())
     assert list(REVISIONS) == [rev.revision for rev in reversed(list(scripts.walk_revisions()))]
@@ -406,8 +406,8 @@ def test_a_read_command_does_not_import_alembic(tmp_path) -> None:
     import subprocess
     import sys
 
-    from fleetledger.events.log import EventLog
     from fleetledger.events.models import RunStarted
+    from fleetledger.store.log import EventLog
     from tests.builders import fleet_config
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"

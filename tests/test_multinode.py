@@ -36,14 +36,14 @@ from fleetledger.controller.fleet_controller import (  # noqa: E402
 from fleetledger.controller.ledger import Ledger  # noqa: E402
 from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402
 from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
-from fleetledger.controller.router import reserve_port  # noqa: E402
 from fleetledger.engines.simulated import (  # noqa: E402
     SimulatedRefitShard,
     simulated_shard_factory,
 )
-from fleetledger.events.log import EventLog  # noqa: E402
 from fleetledger.projections.shard_states import ShardState  # noqa: E402
+from fleetledger.router.app import reserve_port  # noqa: E402
 from fleetledger.simulate import simulation_config  # noqa: E402
+from fleetledger.store.log import EventLog  # noqa: E402
 from fleetledger.transports.ray_members import TrainerRank  # noqa: E402
 from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
 from tests.multinode import TwoNodeCluster, node_ip  # noqa: E402

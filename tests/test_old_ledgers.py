@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     FailureCount,
@@ -32,6 +31,7 @@ from fleetledger.events.models import (
     RunStarted,
     ShardOutcomes,
 )
+from fleetledger.store.log import EventLog
 from tests.cli_support import invoke
 from tests.legacy_rows import Item, export_lines, probe_failed_v1, probe_ok_v1
 from tests.projection_builders import fleet_config

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetledger.controller.failure_taxonomy import FailureKind
+from fleetledger.adapters.failure_taxonomy import FailureKind
+from fleetledger.adapters.outcome_reporter import OutcomeReporter, OutcomeWindow
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.outcome_reporter import OutcomeReporter, OutcomeWindow
 from fleetledger.events.errors import AppendRejected
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import OutcomeWindowReported
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

@@ -18,12 +18,12 @@ from pydantic import ValidationError
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.codec import EventCodec
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent, WeightsMarkedPartial
 from fleetledger.projections.explain import describe_event
 from fleetledger.projections.fleet_view import ProjectionError, fold
 from fleetledger.projections.history import DecisionEntry, replay
 from fleetledger.projections.shard_states import ABSENT, SERVING, Input, ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config as ledger_fleet_config
 from tests.projection_builders import Fleet, put_in, recorded
 from tests.test_explain import shard_of

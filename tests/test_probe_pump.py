@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
-from fleetledger.controller.config import FleetHealthConfig
+from fleetledger.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import ProbePump
-from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import ProbeResult, round_event
 from fleetledger.events.ids import new_event_id
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     Event,
@@ -44,6 +43,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold, fold_pages
 from fleetledger.projections.snapshot import to_snapshot
+from fleetledger.store.log import EventLog
 from tests.legacy_rows import (
     Item,
     import_old_run,

@@ -7,11 +7,11 @@ import sqlite3
 
 import pytest
 
-import fleetledger.events.log as log_module
+import fleetledger.store.log as log_module
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, RunEnded, RunStarted
 from fleetledger.queries import RunReader
+from fleetledger.store.log import EventLog
 from tests.builders import probe_ok
 from tests.cli_support import run_cli
 from tests.legacy_rows import insert_old_rows, probe_ok_v1

@@ -14,7 +14,7 @@ import pytest
 
 psutil = pytest.importorskip("psutil")
 
-from fleetledger.controller.reaping import ProcessRecord, reap  # noqa: E402
+from fleetledger.shards.reaping import ProcessRecord, reap  # noqa: E402
 
 
 def _orphan() -> subprocess.Popen[bytes]:

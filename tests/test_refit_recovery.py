@@ -20,13 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleetledger.controller.config import FleetHealthConfig, RefitConfig
-from fleetledger.controller.failure_taxonomy import cause_chain
+from fleetledger.adapters.failure_taxonomy import cause_chain
+from fleetledger.config import FleetHealthConfig, RefitConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import ProbePump
 from fleetledger.controller.refit_recovery import RefitCoordinator, RunFailed
-from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 pytestmark = pytest.mark.slow

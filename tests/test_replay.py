@@ -31,7 +31,6 @@ from fleetledger.controller.demo import run_demo
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.errors import LedgerError, UnknownRun
 from fleetledger.events.ids import new_event_id
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     FleetConfig,
     RunStarted,
@@ -53,6 +52,7 @@ from fleetledger.projections.history import (
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
+from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli, run_with_a_terminal
 

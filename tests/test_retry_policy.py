@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.failure_taxonomy import (
     FailureKind,
     GenerationUnavailable,
     NoHealthyShards,
     RolloutDataFailure,
 )
-from fleetledger.controller.retry_policy import (
+from fleetledger.adapters.retry_policy import (
     Attempt,
     DataBudgetExhausted,
     PromptDropped,

@@ -37,14 +37,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fleetledger.controller.config import ControllerConfig, RouterConfig
-from fleetledger.controller.failure_taxonomy import FailureKind, classify_http_status
+from fleetledger.adapters.failure_taxonomy import FailureKind, classify_http_status
+from fleetledger.adapters.least_outstanding import least_outstanding
+from fleetledger.config import ControllerConfig, RouterConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.controller.router import Router, RouterError, reserve_port
-from fleetledger.controller.router_membership import Backend, choose, origin_of
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import OutcomeWindowReported
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.router.app import Router, RouterError, reserve_port
+from fleetledger.router.routing_table import Backend, RoutingTable, origin_of
+from fleetledger.store.log import EventLog
 
 RUN = "run-router"
 
@@ -884,15 +885,18 @@ def test_selection_is_least_outstanding_ties_lowest_never_unroutable_or_avoided(
     ]
     in_flight = {i: n for i, (_, _, n, _) in enumerate(shards)}
     avoided = {i for i, (*_, avoid) in enumerate(shards) if avoid}
-    chosen = choose(backends, in_flight, avoided)
-    eligible = [b for b in backends if b.routable and b.shard not in avoided]
+    table = RoutingTable("r", 1, tuple(backends), (0,) * len(backends), {})
+    chosen = least_outstanding(table.candidates(avoided), in_flight)
+    eligible = [b.shard for b in backends if b.routable and b.shard not in avoided]
     if not eligible:
         assert chosen is None
         return
     assert chosen is not None and chosen in eligible
-    least = min(in_flight[b.shard] for b in eligible)
-    assert in_flight[chosen.shard] == least
-    assert chosen.shard == min(b.shard for b in eligible if in_flight[b.shard] == least)
+    least = min(in_flight[s] for s in eligible)
+    assert in_flight[chosen] == least
+    assert chosen == min(s for s in eligible if in_flight[s] == least)
+    ended = RoutingTable("r", 1, tuple(backends), (0,) * len(backends), {}, ended="at seq 2")
+    assert list(ended.candidates(avoided)) == []
 
 
 def test_origin_strips_the_v1_suffix_once_and_refuses_non_http():

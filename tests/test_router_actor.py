@@ -16,10 +16,10 @@ pytest.importorskip("aiohttp")
 
 from fleetledger.controller.ledger import Ledger  # noqa: E402
 from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402
-from fleetledger.controller.router_actor import start_router_actor  # noqa: E402
 from fleetledger.engines.simulated import simulated_shard_factory  # noqa: E402
-from fleetledger.events.log import EventLog  # noqa: E402
+from fleetledger.router.actor import start_router_actor  # noqa: E402
 from fleetledger.simulate import simulation_config  # noqa: E402
+from fleetledger.store.log import EventLog  # noqa: E402
 
 
 def _served_by(client: openai.OpenAI) -> str:

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import pytest
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
 from fleetledger.projections.history import (
     DecisionEntry,
@@ -35,6 +34,7 @@ from fleetledger.projections.history import (
     TransitionEntry,
     replay,
 )
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 from tests.cli_support import invoke
 

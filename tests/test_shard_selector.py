@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetledger.controller.failure_taxonomy import FailureKind, classify_exception
+from fleetledger.adapters.failure_taxonomy import FailureKind, classify_exception
+from fleetledger.adapters.shard_selector import NoHealthyShards, ShardSelector
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.controller.shard_selector import NoHealthyShards, ShardSelector
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, ShardOutcomes
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 

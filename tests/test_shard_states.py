@@ -870,3 +870,26 @@ def test_run_level_events_are_kept_on_the_view():
     assert (fleet.view.ended.seq, fleet.view.ended.outcome) == (7, "failed")
     assert fleet.view.seq == 7
     assert fleet.view.at_us == at_us_of(7)
+
+
+# ── the quiet paths agree with the table ─────────────────────────────────────
+# ``healthy_probe_ok``, ``all_healthy_probes_ok``, ``reported_success_quiet`` and the
+# inlined copy in ``FleetView.apply_page`` take the bulk of a run without building a
+# Signal. They are right only while the table says these inputs never move a shard.
+
+
+def test_a_probe_ok_of_a_healthy_shard_is_one_unconditional_stay_in_the_table():
+    from fleetledger.projections import shard_states as ss
+
+    assert ss.RULES[Input.PROBE_OK][ShardState.HEALTHY] == (ss._stay(),)
+    assert ss.EFFECTS[Input.PROBE_OK] is ss._probe_ok
+
+
+def test_a_reported_success_is_a_stay_in_every_state_but_retired_in_the_table():
+    from fleetledger.projections import shard_states as ss
+
+    assert ss.RULES[Input.REPORTED_SUCCESS] == {
+        state: (ss._stay(),) for state in ss.ALL_BUT_RETIRED
+    }
+    assert ShardState.RETIRED not in ss.ALL_BUT_RETIRED
+    assert ss.EFFECTS[Input.REPORTED_SUCCESS] is ss._reported_success

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetledger.events.log import EventLog
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.queries import load_view
+from fleetledger.store.log import EventLog
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 

@@ -30,7 +30,7 @@ def fleet(ray_cluster):
 
 @pytest.fixture
 def client(fleet):
-    fleet.call(0, "set_fault", "none")
+    ray.get(fleet.handle(0).set_fault.remote("none"), timeout=30)
     return openai.OpenAI(base_url=fleet.base_urls()[0], api_key="unused", max_retries=0, timeout=5)
 
 
@@ -40,7 +40,7 @@ def test_the_base_url_is_its_http_app_and_the_models_route_names_it(fleet, clien
 
 
 def test_completions_chat_and_streams_are_the_shards_generations(fleet, client):
-    served = fleet.call(0, "served")
+    served = ray.get(fleet.handle(0).served.remote(), timeout=30)
     text = client.completions.create(model="fleetledger-sim", prompt="2+2=", max_tokens=3)
     assert "shard 0" in text.choices[0].text and text.usage.completion_tokens == 3
     chat = client.chat.completions.create(
@@ -56,21 +56,21 @@ def test_completions_chat_and_streams_are_the_shards_generations(fleet, client):
         )
     )
     assert "shard 0" in "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert fleet.call(0, "served") == served + 3
+    assert ray.get(fleet.handle(0).served.remote(), timeout=30) == served + 3
 
 
 def test_a_data_fault_is_a_400_and_a_transport_fault_drops_the_connection(fleet, client):
-    fleet.call(0, "set_fault", "error", 1)
+    ray.get(fleet.handle(0).set_fault.remote("error", 1), timeout=30)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model="fleetledger-sim", prompt="x", max_tokens=1)
-    fleet.call(0, "set_fault", "fail", 1)
+    ray.get(fleet.handle(0).set_fault.remote("fail", 1), timeout=30)
     with pytest.raises(openai.APIConnectionError):
         client.completions.create(model="fleetledger-sim", prompt="x", max_tokens=1)
     assert client.completions.create(model="fleetledger-sim", prompt="x", max_tokens=1).choices
 
 
 def test_a_wedged_engine_answers_health_and_never_completes(fleet, client):
-    fleet.call(0, "set_fault", "hang")
+    ray.get(fleet.handle(0).set_fault.remote("hang"), timeout=30)
     health = fleet.base_urls()[0].removesuffix("/v1") + "/health"
     with urllib.request.urlopen(health, timeout=5) as answer:
         assert answer.status == 200

@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 
 from fleetledger.events.errors import LedgerReadError
-from fleetledger.events.log import EventLog
-from fleetledger.events.sqlite_file import SqliteReads
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries.reader import RunReader
+from fleetledger.store.log import EventLog
+from fleetledger.store.sqlite_file import SqliteReads
 from tests.builders import probe_failed, probe_ok, run_started
 
 READS = """
 import json, sys
-from fleetledger.events.log import EventLog
-from fleetledger.events.sqlite_file import SqliteReads
+from fleetledger.store.log import EventLog
+from fleetledger.store.sqlite_file import SqliteReads
 from fleetledger.queries.reader import RunReader
 
 url, run = sys.argv[1], sys.argv[2]
@@ -194,7 +194,7 @@ def test_a_page_held_by_the_caller_holds_no_lock_a_writer_would_wait_for(
     """Without shared memory (``vfs=unix-dotfile``) a ledger keeps a rollback journal, in
     which an open read locks every writer out: a read must not stay open while the
     caller works on a page it was given (``export | less``)."""
-    import fleetledger.events.log as log_module
+    import fleetledger.store.log as log_module
 
     monkeypatch.setattr(log_module, "READ_PAGE", 2)
     url = f"sqlite:///{tmp_path / 'ledger.db'}?vfs=unix-dotfile&timeout=1"

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from fleetledger.controller.config import WatchdogConfig
+from fleetledger.config import WatchdogConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.stall_watchdog import StallWatchdog
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import Event
 from fleetledger.projections.decisions import decide_exhaustion
+from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
 RUN = "watchdog"

@@ -26,7 +26,6 @@ from fleetledger.cli.timeline import html as html_painter
 from fleetledger.cli.timeline.palette import NOT_ENDED_COLOUR, Glyph
 from fleetledger.cli.timeline.scene import MAX_LABELLED_REFITS, Scene, build_scene
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     CondemnationRefused,
     FailureCount,
@@ -38,6 +37,7 @@ from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import EpochEntry, TransitionEntry, replay
 from fleetledger.projections.lanes import Lanes, build_lanes, lanes_of
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.log import EventLog
 from tests.cli_support import invoke, run_cli
 from tests.projection_builders import Fleet, fleet_config
 from tests.test_fold_properties import CHEAP_PROPERTY, runs

@@ -21,13 +21,13 @@ from sqlalchemy import text
 from fleetledger.events.codec import UPCASTERS, EventCodec
 from fleetledger.events.errors import EventDecodeError
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     EVENT_TYPES,
     ProbeFailure,
     ProbeRound,
     RestartRequested,
 )
+from fleetledger.store.log import EventLog
 from tests.builders import probe_ok, run_started
 from tests.legacy_rows import insert_old_rows, probe_failed_v1, probe_ok_v1, stored_form
 

@@ -33,11 +33,16 @@ pytest.importorskip(
 psutil = pytest.importorskip("psutil")
 openai = pytest.importorskip("openai")
 
+from fleetledger.adapters.retry_policy import (  # noqa: E402
+    RetryPolicy,
+    RolloutCounters,
+    run_rollout,
+)
+from fleetledger.adapters.shard_selector import ShardSelector  # noqa: E402
 from fleetledger.controller.fleet_controller import (  # noqa: E402
     FleetController,
     TrainingProgress,
 )
-from fleetledger.controller.generation_shard import GenerationRequest  # noqa: E402
 from fleetledger.controller.ledger import Ledger  # noqa: E402
 from fleetledger.controller.probe_pump import ProbePump  # noqa: E402
 from fleetledger.controller.ray_fleet import (  # noqa: E402
@@ -45,13 +50,7 @@ from fleetledger.controller.ray_fleet import (  # noqa: E402
     RayShardFleet,
 )
 from fleetledger.controller.refit_recovery import RefitCoordinator  # noqa: E402
-from fleetledger.controller.retry_policy import (  # noqa: E402
-    RetryPolicy,
-    RolloutCounters,
-    run_rollout,
-)
 from fleetledger.controller.runtime_deaths import ShardActorDied  # noqa: E402
-from fleetledger.controller.shard_selector import ShardSelector  # noqa: E402
 from fleetledger.engines.models import tiny_llama  # noqa: E402
 from fleetledger.engines.policy import (  # noqa: E402
     CHECK_TOKENS,
@@ -59,9 +58,10 @@ from fleetledger.engines.policy import (  # noqa: E402
     refit_logprob_diff,
 )
 from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory  # noqa: E402
-from fleetledger.events.log import EventLog  # noqa: E402
 from fleetledger.projections.shard_states import ShardState  # noqa: E402
+from fleetledger.shards.contract import GenerationRequest  # noqa: E402
 from fleetledger.simulate import simulation_config  # noqa: E402
+from fleetledger.store.log import EventLog  # noqa: E402
 from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
 
 TOLERANCE = 1e-3
@@ -101,10 +101,10 @@ class Engines:
         }
 
     def engine_pid(self, shard: int) -> int:
-        return int(self.fleet.call(shard, "engine_pid", timeout_s=30))
+        return int(ray.get(self.fleet.handle(shard).engine_pid.remote(), timeout=30))
 
     def actor_pid(self, shard: int) -> int:
-        return int(self.fleet.call(shard, "pid", timeout_s=30))
+        return int(ray.get(self.fleet.handle(shard).pid.remote(), timeout=30))
 
     def stop(self, pid: int) -> None:
         os.kill(pid, signal.SIGSTOP)
@@ -467,7 +467,7 @@ def test_the_router_passes_engine_answers_through_and_cuts_a_killed_stream(
 ):
     import httpx
 
-    from fleetledger.controller.router import Router
+    from fleetledger.router.app import Router
 
     router = Router(sqlite_url, ledger.run, window_s=0.2, poll_s=0.1)
     stop = threading.Event()

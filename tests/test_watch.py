@@ -26,10 +26,10 @@ from typing import IO, Any
 import pytest
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig
 from fleetledger.projections.history import replay
 from fleetledger.queries import Follower
+from fleetledger.store.log import EventLog
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 RUN = "live-run"

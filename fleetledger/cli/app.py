@@ -21,12 +21,12 @@ from typer.core import TyperGroup
 from fleetledger import __version__
 from fleetledger.cli.output import say
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.db_urls import DB_URL_ENV
 from fleetledger.logs import defer_logging
+from fleetledger.store.urls import DB_URL_ENV, DEFAULT_DB_URL
 
 if TYPE_CHECKING:
-    from fleetledger.events.database import OpenMode
-    from fleetledger.events.log import EventLog
+    from fleetledger.store.database import OpenMode
+    from fleetledger.store.log import EventLog
 
 # Each command imports what it needs when it runs (the log, the projections, a bundle's
 # zip, the timeline's painters, rich for a table, structlog when something logs), so
@@ -120,7 +120,7 @@ DbOption = Annotated[
     str | None,
     typer.Option(
         "--db",
-        help=f"Ledger database URL [default: ${DB_URL_ENV} or sqlite:///fleetledger.db]",
+        help=f"Ledger database URL [default: ${DB_URL_ENV} or {DEFAULT_DB_URL}]",
         show_default=False,
     ),
 ]
@@ -171,7 +171,7 @@ def open_log(db: str | None, *, mode: OpenMode) -> Iterator[EventLog]:
     is opened read-only: never created, upgraded or written), ``"write"`` for those that
     append (a new SQLite ledger may be created, an older one is upgraded, and says so)."""
     from fleetledger.events.errors import LedgerWriteError
-    from fleetledger.events.log import EventLog
+    from fleetledger.store.log import EventLog
 
     log = EventLog.open(db, mode=mode)
     try:

@@ -12,6 +12,7 @@ import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.output import print_json, say
+from fleetledger.cli.paused_gc import paused_gc
 
 
 @app.command()
@@ -32,7 +33,7 @@ def explain(
     """Why a shard is in its state, or why the run ended / where its progress stopped."""
     from fleetledger.queries import RunReader  # imported when the command runs (cli.app)
 
-    with open_log(db, mode="read") as log:
+    with open_log(db, mode="read") as log, paused_gc():
         reader = RunReader(log, run)
         explanation = reader.explain(shard, reader.seq_of(at, "--at"))
     if as_json:

@@ -24,12 +24,13 @@ from fleetledger.cli.output import (
     whole_file,
     write_json_lines,
 )
+from fleetledger.cli.paused_gc import paused_gc
 from fleetledger.events.errors import AppendRejected
 from fleetledger.logs import structlog_ready
 
 if TYPE_CHECKING:
-    from fleetledger.events.log import EventLog
     from fleetledger.projections.fleet_view import FleetView
+    from fleetledger.store.log import EventLog
 
 # Each command imports what it uses when it runs (see ``cli.app``): a bundle's zip, the
 # projections or the migrations are not the start-up of every command.
@@ -141,7 +142,7 @@ def membership(
     from fleetledger.projections.membership import membership_document
     from fleetledger.queries import RunReader
 
-    with open_log(db, mode="read") as log:
+    with open_log(db, mode="read") as log, paused_gc():
         # A time becomes the last seq stamped at or before it; then the nearest
         # snapshot at or before that seq, folded forward.
         reader = RunReader(log, run)
@@ -183,7 +184,7 @@ def export(
     target = bundle if bundle is not None else output
     if target is not None:
         check_output(target)  # before the ledger is opened (or created)
-    with open_log(db, mode="read") as log:
+    with open_log(db, mode="read") as log, paused_gc():
         protect = ledger_files(log.database)
         if target is not None:
             check_output(target, protect)  # never the ledger itself
@@ -253,8 +254,8 @@ def import_(
 ) -> None:
     """Import an exported run or a bundle (told apart by content). All checked, then written."""
     from fleetledger.events.bundle import read_import
-    from fleetledger.events.records import check_run_id
     from fleetledger.projections.membership import membership_document
+    from fleetledger.store.records import check_run_id
 
     if run is not None:  # checked before anything is opened; '' is not "no --run"
         try:
@@ -373,7 +374,7 @@ def migrate(
     as_json: JsonOption = False,
 ) -> None:
     """Upgrade the ledger schema to this version's head (required for PostgreSQL)."""
-    from fleetledger.events.database import migrate as migrate_database
+    from fleetledger.store.database import migrate as migrate_database
 
     before, after = migrate_database(db, into_foreign_database=into_foreign_database)
     if as_json:

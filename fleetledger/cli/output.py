@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-    from fleetledger.events.database import Database
+    from fleetledger.store.database import Database
 
 # rich is imported where text is printed (a message, a table, a progress bar), not when
 # the CLI starts: ``--json``, ``--version`` and ``--help`` never load it.
@@ -227,7 +227,7 @@ def ledger_files(database: Database) -> dict[Path, str]:
     Both the ledger path as given and its real path are kept, wherever SQLite puts the
     ``-wal`` of a ledger reached through a symlink. A PostgreSQL ledger has no files here.
     """
-    from fleetledger.events.sqlite_file import sqlite_path
+    from fleetledger.store.urls import sqlite_path
 
     if database.backend != "sqlite":
         return {}

@@ -25,6 +25,7 @@ from fleetledger.cli.output import (
     stdout_may_close,
     write_json_lines,
 )
+from fleetledger.cli.paused_gc import paused_gc
 
 # Option defaults and help, without importing the read side (cli.app: each command
 # imports what it uses when it runs). Held to the queries' own values by a test.
@@ -80,7 +81,7 @@ def replay(
         config = reader.config
         if shard is not None:
             reader.check_shard(shard, "--shard")
-        with FoldProgress(f"replaying {run}") as progress:
+        with FoldProgress(f"replaying {run}") as progress, paused_gc():
             entries = list(
                 reader.history(
                     from_seq=1 if from_seq is None else from_seq,
@@ -140,7 +141,8 @@ def watch(
         raise CommandLineError(f"--interval {interval}: give a positive number of seconds")
     try:
         with open_log(db, mode="read") as log, stdout_may_close():
-            follower = Follower(log, run)
+            with paused_gc():  # the fold up to the head; never while it follows
+                follower = Follower(log, run)
             view = follower.history.view
             # Status on stderr: stdout carries only entries (JSON lines stay clean).
             say(

@@ -18,8 +18,8 @@ import typer
 
 from fleetledger.cli.app import DbOption, app, cli_errors
 from fleetledger.cli.output import CommandLineError, say
-from fleetledger.events.db_urls import resolve_db_url
 from fleetledger.logs import structlog_ready
+from fleetledger.store.urls import resolve_db_url
 
 
 @app.command()
@@ -44,7 +44,7 @@ def router(
     """
     structlog_ready()  # the router logs through structlog itself: configured before it loads
     try:
-        from fleetledger.controller.router import Router
+        from fleetledger.router.app import Router
     except ImportError as exc:
         raise CommandLineError(
             f"router needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[router]'"

@@ -22,6 +22,7 @@ import typer
 
 from fleetledger.cli.app import DbOption, JsonOption, _fail, app, cli_errors, open_log
 from fleetledger.cli.output import check_output, ledger_files, print_json, say, whole_file
+from fleetledger.cli.paused_gc import paused_gc
 
 if TYPE_CHECKING:
     from fleetledger.cli.timeline import AxisMode
@@ -84,7 +85,8 @@ def timeline(
     with open_log(db, mode="read") as log:
         protect = ledger_files(log.database)
         check_output(output, protect)  # never the ledger, and before a fold of the run
-        lanes = lanes_of(log.read(run))
+        with paused_gc():
+            lanes = lanes_of(log.read(run))
     with whole_file(output, protect) as stream:
         painter.write(build_scene(lanes, mode), stream)
     summary = {

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, FleetConfig, ShardOutcomes
 from fleetledger.projections.shard_states import Transition
+from fleetledger.store.log import EventLog
 
 DEMO_SHARDS = 4
 

@@ -24,10 +24,10 @@ from typing import Protocol
 
 import structlog
 
-from fleetledger.controller.config import ControllerConfig
+from fleetledger.config import ControllerConfig
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.metrics import FleetMetrics, ProgressSample
-from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRound
+from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRoundReport
 from fleetledger.controller.stall_watchdog import StallWatchdog, TickDecision
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import clip_text
@@ -200,7 +200,7 @@ class FleetController:
 
     # ── restarts ────────────────────────────────────────────────────────────
 
-    def _after_round(self, _round: ProbeRound) -> None:
+    def _after_round(self, _round: ProbeRoundReport) -> None:
         # Every round, not only rounds that condemned someone: a death recorded by a
         # rollout or by another process is folded in at the round's start.
         if self.config.fleet_health.restart_dead_shards:

@@ -18,7 +18,6 @@ from typing import Literal
 import structlog
 
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -56,7 +55,9 @@ from fleetledger.projections.snapshot import (
     results_in,
     to_snapshot,
 )
+from fleetledger.queries.tail import Tail
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
 
 DEFAULT_SNAPSHOT_EVERY = SNAPSHOT_EVERY_EVENTS
 
@@ -166,6 +167,7 @@ class Ledger:
         self.log = log
         self.run = run
         self._view = view
+        self._tail = Tail(log, run, view)
         self._snapshot_every = snapshot_every
         self._snapshot_seq = view.seq
         self._results_since_snapshot = 0  # probe results folded since (see results_in)
@@ -245,10 +247,9 @@ class Ledger:
             transitions: list[Transition] = []
             before = self._view.seq
             try:
-                for page in self.log.read_pages(self.run, self._view.seq):
-                    for recorded in page:
-                        transitions += self._view.apply(recorded)
-                        self._results_since_snapshot += results_in(recorded.event)
+                for recorded in self._tail.new():
+                    transitions += self._view.apply(recorded)
+                    self._results_since_snapshot += results_in(recorded.event)
             finally:  # pages applied before a failing one count too
                 if self._view.seq != before:
                     self._membership = Membership.of(self._view, self._collapsed)

@@ -19,12 +19,12 @@ from typing import Protocol
 
 import structlog
 
-from fleetledger.controller.config import FleetHealthConfig
+from fleetledger.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.errors import LedgerError
 from fleetledger.projections.shard_states import Transition
 
-__all__ = ["ProbePump", "ProbeRound", "Prober"]
+__all__ = ["ProbePump", "ProbeRoundReport", "Prober"]
 
 _log = structlog.get_logger("fleetledger.probe")
 
@@ -39,8 +39,9 @@ class Prober(Protocol):
 
 
 @dataclass(frozen=True)
-class ProbeRound:
-    """What one round probed, what it saw and what the ledger made of it."""
+class ProbeRoundReport:
+    """What one round probed, what it saw and what the ledger made of it: the pump's
+    report to its caller (the ledger records the round as a ``ProbeRound`` event)."""
 
     probed: tuple[int, ...]
     results: Mapping[int, ProbeResult]
@@ -57,7 +58,7 @@ class ProbePump:
         prober: Prober,
         config: FleetHealthConfig,
         *,
-        after_round: Callable[[ProbeRound], None] | None = None,
+        after_round: Callable[[ProbeRoundReport], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._ledger = ledger
@@ -67,7 +68,7 @@ class ProbePump:
         self._clock = clock
         self.rounds = 0
 
-    def probe_round(self) -> ProbeRound:
+    def probe_round(self) -> ProbeRoundReport:
         """Probe every serving shard once and record the round as one batch."""
         started = self._clock()
         # Other processes may have condemned or re-admitted shards: fold their events
@@ -75,7 +76,7 @@ class ProbePump:
         self._ledger.catch_up()
         membership = self._ledger.membership
         if membership.ended:
-            return ProbeRound((), {}, (), 0.0)
+            return ProbeRoundReport((), {}, (), 0.0)
         shards = membership.serving
         results = (
             dict(
@@ -94,7 +95,7 @@ class ProbePump:
             results[shard] = ProbeResult("error", "the prober returned no result for this shard")
         transitions = tuple(self._ledger.record_probes(results)) if results else ()
         self.rounds += 1
-        probe_round = ProbeRound(shards, results, transitions, self._clock() - started)
+        probe_round = ProbeRoundReport(shards, results, transitions, self._clock() - started)
         if self._after_round is not None:
             self._after_round(probe_round)
         return probe_round

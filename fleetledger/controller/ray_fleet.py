@@ -43,15 +43,13 @@ import structlog
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.failure_taxonomy import (
     FailureKind,
     classify_exception,
     wrap_generation_failure,
 )
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.adapters.outcome_reporter import OutcomeWindow
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.controller.outcome_reporter import OutcomeWindow
-from fleetledger.controller.reaping import ProcessRecord, reap
 from fleetledger.controller.runtime_deaths import (
     ShardActorDied,
     actor_death_of,
@@ -61,6 +59,9 @@ from fleetledger.controller.runtime_deaths import (
 )
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import LedgerError, first_line
+from fleetledger.shards.contract import Generation, GenerationRequest
+from fleetledger.shards.naming import ShardFactory, shard_actor_name
+from fleetledger.shards.reaping import ProcessRecord, reap
 
 __all__ = [
     "GenerationReports",
@@ -71,16 +72,9 @@ __all__ = [
 
 _log = structlog.get_logger("fleetledger.ray_fleet")
 
-ShardFactory = Callable[[int], ActorHandle]
-"""Creates (and names) the actor for one shard index; used at start and for restarts."""
-
 
 class ShardSpawnError(FleetledgerError, RuntimeError):
     """A shard actor could not be created or did not answer its first probe in time."""
-
-
-def shard_actor_name(prefix: str, shard: int) -> str:
-    return f"{prefix}-shard-{shard}"
 
 
 class RayShardFleet:
@@ -261,10 +255,10 @@ class RayShardFleet:
             self._record_processes(shard, max(1.0, deadline - time.monotonic()))
 
     def _record_processes(self, shard: int, timeout_s: float) -> None:
-        """Ask a ready actor which processes its engine started (``child_processes()``,
-        when its class has it), to reap them once the actor is gone."""
+        """Ask a ready actor which processes its engine started (``child_processes()``;
+        none by the contract's default), to reap them once the actor is gone."""
         handle, _ = self._current(shard)
-        if handle is None or not hasattr(handle, "child_processes"):
+        if handle is None:
             return
         try:
             records = ray.get(handle.child_processes.remote(), timeout=timeout_s)
@@ -292,7 +286,7 @@ class RayShardFleet:
 
         Raises :class:`ShardActorDied` (tagged with the incarnation the call went
         through) when the runtime says the actor is gone; the engine's own errors as
-        :func:`~fleetledger.controller.failure_taxonomy.wrap_generation_failure` types
+        :func:`~fleetledger.adapters.failure_taxonomy.wrap_generation_failure` types
         them. Story: a cancelled sibling used to keep generating against the fleet for a
         result already being discarded.
         """
@@ -343,13 +337,11 @@ class RayShardFleet:
 
     def base_urls(self, timeout_s: float = 30.0) -> list[str | None]:
         """Each shard's base URL as its actor reports it (``base_url()``), in shard order;
-        ``None`` for an actor whose class has no ``base_url`` method."""
+        ``None`` for an engine that serves no HTTP (the contract's default)."""
         return [self._base_url_of(self.handle(s), timeout_s) for s in self.shards]
 
     @staticmethod
     def _base_url_of(handle: ActorHandle, timeout_s: float) -> str | None:
-        if not hasattr(handle, "base_url"):
-            return None
         url: str | None = ray.get(handle.base_url.remote(), timeout=timeout_s)
         return url or None
 
@@ -365,19 +357,18 @@ class RayShardFleet:
             raise ConnectionError(f"shard {shard} has no actor in the cluster")
         return handle
 
-    def call(self, shard: int, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
-        """Call one actor method and wait for it (the simulation's controls, mostly)."""
-        return ray.get(getattr(self.handle(shard), method).remote(*args), timeout=timeout_s)
-
     def pids(self, timeout_s: float = 30.0) -> dict[int, int]:
-        """Process id per shard (simulated shards only: a real engine need not expose it)."""
-        return {shard: self.call(shard, "pid", timeout_s=timeout_s) for shard in self.shards}
+        """Each shard's actor process id (the contract's ``pid()``), for chaos tests."""
+        return {
+            shard: ray.get(self.handle(shard).pid.remote(), timeout=timeout_s)
+            for shard in self.shards
+        }
 
     # ── restarts ────────────────────────────────────────────────────────────
 
     def restart(self, shard: int, *, ready_timeout_s: float) -> str | None:
         """Replace ``shard``'s actor with a fresh one, wait until it answers, and return
-        its base URL (the actor's ``base_url()``, ``None`` if it has no such method).
+        its base URL (the actor's ``base_url()``, ``None`` when it serves no HTTP).
 
         The old actor is killed first (it may be frozen rather than gone; a second live
         engine under the same index would serve from weights nobody tracks). The

@@ -52,7 +52,7 @@ from typing import NoReturn
 
 import structlog
 
-from fleetledger.controller.failure_taxonomy import FailureKind, cause_chain, classify_exception
+from fleetledger.adapters.failure_taxonomy import FailureKind, cause_chain, classify_exception
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import Prober
 from fleetledger.errors import FleetledgerError

@@ -19,10 +19,10 @@ from typing import Literal
 
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
-from fleetledger.controller.failure_taxonomy import GenerationUnavailable, cause_chain, safe_text
-from fleetledger.controller.generation_shard import EngineDead
+from fleetledger.adapters.failure_taxonomy import GenerationUnavailable, cause_chain, exception_text
 from fleetledger.controller.ledger import ProbeResult
 from fleetledger.events.models import MAX_TEXT, DeathOf, clip_text
+from fleetledger.shards.contract import EngineDead
 
 __all__ = [
     "ActorDeath",
@@ -85,7 +85,7 @@ def death_text(exc: BaseException) -> str:
     line and an explanation stay one line each. Past the event's limit the text ends
     with a visible elision rather than mid-word in silence.
     """
-    lines = [line.strip() for line in safe_text(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in exception_text(exc).splitlines() if line.strip()]
     text = f"{type(exc).__name__}: {' | '.join(lines)}" if lines else type(exc).__name__
     if len(text) > MAX_TEXT:
         text = text[: MAX_TEXT - len(CLIPPED)] + CLIPPED

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from fleetledger.controller.config import WatchdogConfig
+from fleetledger.config import WatchdogConfig
 from fleetledger.controller.ledger import Ledger
 from fleetledger.projections.decisions import decide_exhaustion
 

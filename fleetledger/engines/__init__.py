@@ -1,2 +1,3 @@
-"""What serves generations: engines that implement the controller's ``GenerationShard``
-interface inside a Ray actor and join the refit communicator as its members."""
+"""What serves generations: engines that implement the shard contract
+(``fleetledger.shards``) inside a Ray actor and join the refit communicator as its
+members."""

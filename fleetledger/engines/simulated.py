@@ -17,14 +17,14 @@ from typing import Any, Literal
 import ray
 from ray.actor import ActorHandle
 
-from fleetledger.controller.failure_taxonomy import RolloutDataFailure
-from fleetledger.controller.generation_shard import (
+from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
+from fleetledger.shards.contract import (
     Generation,
     GenerationRequest,
     GenerationShard,
     checked_weight_version,
 )
-from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
+from fleetledger.shards.naming import ShardFactory, shard_actor_name
 from fleetledger.transports.ray_members import CommunicatorActor
 
 __all__ = [
@@ -97,7 +97,7 @@ class SimulatedShard(GenerationShard):
     async def _start_http(self) -> str:
         from aiohttp import web
 
-        from fleetledger.engines.simulated_http import simulated_app
+        from fleetledger.engines.simulated_http import simulated_app  # aiohttp: HTTP only
 
         runner = web.AppRunner(simulated_app(self._index, self.generate), access_log=None)
         await runner.setup()

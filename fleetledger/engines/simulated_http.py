@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from fleetledger.controller.failure_taxonomy import RolloutDataFailure
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
+from fleetledger.shards.contract import Generation, GenerationRequest
 
 __all__ = ["MODEL_NAME", "simulated_app"]
 

@@ -41,17 +41,17 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from fleetledger.controller.failure_taxonomy import RolloutDataFailure
-from fleetledger.controller.generation_shard import (
+from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
+from fleetledger.engines.models import cache_dir
+from fleetledger.shards.contract import (
     EngineDead,
     Generation,
     GenerationRequest,
     GenerationShard,
     checked_weight_version,
 )
-from fleetledger.controller.ray_fleet import ShardFactory, shard_actor_name
-from fleetledger.controller.reaping import children_of_this_process
-from fleetledger.engines.models import cache_dir
+from fleetledger.shards.naming import ShardFactory, shard_actor_name
+from fleetledger.shards.reaping import children_of_this_process
 from fleetledger.transports.gloo_rank import PeerLost
 from fleetledger.transports.ray_members import CommunicatorActor
 

@@ -1,6 +1,7 @@
-"""The event vocabulary (``models``), its storage codec (``codec``) and the durable log
-(``log``, ``database``). Imports nothing else of fleetledger.
+"""The event vocabulary (``models``), its ids, its storage codec (``codec``) and errors,
+and the formats a run is exported in (``jsonl``, ``bundle``). Imports nothing else of
+fleetledger: the durable log that stores these events is ``store``'s.
 
 Import from the submodules: ``projections`` reads ``events.models`` alone and must not
-pull the database layer in with it.
+pull the codec or a format in with it.
 """

@@ -560,7 +560,8 @@ def _config(
         )
     except EventDecodeError as exc:  # parse_export accepted it: only a codec change gets here
         raise BundleError(source, str(exc)) from None
-    assert isinstance(started, RunStarted)  # parse_export checked seq 1 is run_started
+    if not isinstance(started, RunStarted):  # parse_export checked it: only a codec change
+        raise BundleError(source, f"the run's first event is {first.type!r}, not run_started")
     if started.config != config:
         raise BundleError(
             source, f"{CONFIG} differs from the configuration in the run's run_started event"

@@ -29,7 +29,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.errors import EventDecodeError
 from fleetledger.events.legacy import PROBE_V1_UPCASTERS
 from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent, us_from_datetime
@@ -56,14 +55,20 @@ _ID_OPENING = '{"id":"'
 _Template = tuple[str, int, Event]
 
 
+_new = object.__new__
+_put = object.__setattr__
+
+
 def _with_id(event: Event, event_id: str) -> Event:
     """A copy of a validated ``event`` with another id: what ``model_copy`` does, without
-    its per-call overhead (a replay makes one per row)."""
-    copy = object.__new__(type(event))
-    object.__setattr__(copy, "__dict__", {**event.__dict__, "id": event_id})
-    object.__setattr__(copy, "__pydantic_fields_set__", event.__pydantic_fields_set__)
-    object.__setattr__(copy, "__pydantic_extra__", None)
-    object.__setattr__(copy, "__pydantic_private__", None)
+    its per-call overhead (a replay makes one per row). The one place pydantic's slots
+    are set by hand: a model without extra fields or private attributes (``Event``'s
+    ``extra="forbid"``) has None in both."""
+    copy = _new(type(event))
+    _put(copy, "__dict__", {**event.__dict__, "id": event_id})
+    _put(copy, "__pydantic_fields_set__", event.__pydantic_fields_set__)
+    _put(copy, "__pydantic_extra__", None)
+    _put(copy, "__pydantic_private__", None)
     return copy
 
 
@@ -341,28 +346,18 @@ class EventCodec:
         templates = self._templates
         out: list[RecordedEvent] = []
         append = out.append
-        new = object.__new__
-        put = object.__setattr__
         recorded = tuple.__new__  # RecordedEvent's own __new__ is a Python function
-        with cyclic_gc_paused():
-            for seq, at_us, event_id, type_, version, payload in rows:
-                if payload.startswith(_ID_OPENING) and payload.startswith(event_id, 7):
-                    rest = payload[len(event_id) + 7 :]
-                    template = templates.get(rest)
-                    if template is None or template[0] != type_ or template[1] != version:
-                        first = self._first_of(run, seq, event_id, type_, version, payload)
-                        template = self._remember(rest, type_, version, first)
-                    content = template[2]
-                    # A copy of the validated event with the row's id: what ``model_copy``
-                    # does, without its per-call overhead.
-                    event = new(type(content))
-                    put(event, "__dict__", {**content.__dict__, "id": event_id})
-                    put(event, "__pydantic_fields_set__", content.__pydantic_fields_set__)
-                    put(event, "__pydantic_extra__", None)
-                    put(event, "__pydantic_private__", None)
-                else:
-                    event = self._first_of(run, seq, event_id, type_, version, payload)
-                append(recorded(RecordedEvent, (run, seq, at_us, event)))
+        for seq, at_us, event_id, type_, version, payload in rows:
+            if payload.startswith(_ID_OPENING) and payload.startswith(event_id, 7):
+                rest = payload[len(event_id) + 7 :]
+                template = templates.get(rest)
+                if template is None or template[0] != type_ or template[1] != version:
+                    first = self._first_of(run, seq, event_id, type_, version, payload)
+                    template = self._remember(rest, type_, version, first)
+                event = _with_id(template[2], event_id)
+            else:
+                event = self._first_of(run, seq, event_id, type_, version, payload)
+            append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
 
     def decode_contents(self, run: str, rows: Sequence[ContentRow]) -> list[RecordedEvent]:
@@ -379,17 +374,16 @@ class EventCodec:
         out: list[RecordedEvent] = []
         append = out.append
         recorded = tuple.__new__
-        with cyclic_gc_paused():
-            for seq, at_us, type_, version, payload in rows:
-                # A stored id is a JSON string without a quote in it in practice; one
-                # that had an escaped quote only makes its key longer (a cache miss).
-                cut_at = payload.find('",', 7) if payload.startswith(_ID_OPENING) else -1
-                rest = payload[cut_at:] if cut_at > 0 else payload
-                template = templates.get(rest)
-                if template is None or template[0] != type_ or template[1] != version:
-                    first = self._first_of(run, seq, None, type_, version, payload)
-                    template = self._remember(rest, type_, version, first)
-                append(recorded(RecordedEvent, (run, seq, at_us, template[2])))
+        for seq, at_us, type_, version, payload in rows:
+            # A stored id is a JSON string without a quote in it in practice; one that
+            # had an escaped quote only makes its key longer (a cache miss).
+            cut_at = payload.find('",', 7) if payload.startswith(_ID_OPENING) else -1
+            rest = payload[cut_at:] if cut_at > 0 else payload
+            template = templates.get(rest)
+            if template is None or template[0] != type_ or template[1] != version:
+                first = self._first_of(run, seq, None, type_, version, payload)
+                template = self._remember(rest, type_, version, first)
+            append(recorded(RecordedEvent, (run, seq, at_us, template[2])))
         return out
 
     def _remember(self, rest: str, type_: str, version: int, first: Event) -> _Template:

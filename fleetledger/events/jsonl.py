@@ -31,7 +31,6 @@ from typing import IO, Any, overload
 from fleetledger.events.codec import LAST_STAMP, EventCodec, JSONRefused, StoredRow, cut, load_json
 from fleetledger.events.errors import EventDecodeError, ImportFileError
 from fleetledger.events.models import RunEnded, RunStarted, iso_at, us_from_datetime
-from fleetledger.events.records import ImportRow
 
 LINE_KEYS = ("run", "seq", "id", "at", "type", "schema_version", "data")
 # The longest line an import reads (without its newline): a run_started line carries
@@ -42,6 +41,18 @@ MAX_LINE_BYTES = 1 << 20
 # (about 2.5 bytes held per byte read, for the smallest events).
 MAX_EXPORT_BYTES = 64 << 20
 READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """A stored event as an export file holds it, kept byte-for-byte on import."""
+
+    seq: int
+    event_id: str
+    at_us: int
+    type: str
+    schema_version: int
+    payload: str
 
 
 def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
@@ -278,7 +289,8 @@ def parse_export(
             config = event.config
         elif isinstance(event, RunStarted):
             raise ImportFileError(number, "a second run_started inside one run")
-        assert config is not None
+        if config is None:  # seq 1 comes first (checked above), and it set the config
+            raise ImportFileError(number, "an event before the run's run_started")
         try:
             config.check_event(event)
         except ValueError as exc:

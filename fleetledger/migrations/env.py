@@ -3,10 +3,17 @@
 fleetledger drives Alembic programmatically (``fleetledger migrate``, or the automatic
 upgrade of a SQLite ledger on open) and passes its own connection in
 ``config.attributes["connection"]``; the URL path serves the ``alembic`` command line.
+
+The target is the log's tables as ``store.schema`` describes them (the head revision, as
+a test holds them), so ``alembic revision --autogenerate`` writes the difference between
+a database and them; the revisions themselves never import it: each one is the schema
+as it was when it was written.
 """
 
 from alembic import context
 from sqlalchemy import create_engine
+
+from fleetledger.store.schema import metadata
 
 config = context.config
 
@@ -14,7 +21,7 @@ config = context.config
 def _run(connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=None,
+        target_metadata=metadata,
         render_as_batch=True,
         version_table=config.get_main_option("version_table") or "fleetledger_alembic_version",
     )

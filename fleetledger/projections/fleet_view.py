@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
@@ -280,19 +279,22 @@ class FleetView:
                 recorded_run, seq, at_us, event = recorded
                 if seq == last_seq + 1 and recorded_run == run:
                     if type(event) is ProbeRound and not (event.failed or event.died):
+                        # A round of successful probes of HEALTHY shards only: the rule
+                        # (``shard_states.count_probe_success``) inlined — its one
+                        # inlined copy, because this loop is most of a replay:
+                        # ``python bench/bench_fold.py``: 1M one-shard rounds fold in
+                        # 0.542 s inlined, 0.669 s calling the rule (1.23x).
                         ok = event.ok
-                        if len(ok) == 1:  # one shard's probe (every v1 row): inlined
-                            shard = ok[0]
-                            if shard < count:
+                        for shard in ok:
+                            if shard >= count or shards[shard].state is not healthy:
+                                break
+                        else:
+                            for shard in ok:
                                 r = shards[shard]
-                                if r.state is healthy:  # healthy_probe_ok, inlined
-                                    r.probe_failures = 0
-                                    r.probe_evidence = ()
-                                    r.probe_successes += 1
-                                    r.last_ok_at_us = at_us
-                                    last_seq, last_at = seq, at_us
-                                    continue
-                        elif all_healthy_probes_ok(shards, ok, at_us):
+                                r.probe_failures = 0
+                                r.probe_evidence = ()
+                                r.probe_successes += 1
+                                r.last_ok_at_us = at_us
                             last_seq, last_at = seq, at_us
                             continue
                 self.seq, self.at_us = last_seq, last_at
@@ -508,21 +510,16 @@ def fold(events: Iterable[RecordedEvent], into: FleetView | None = None) -> Flee
 def fold_pages(
     pages: Iterable[Sequence[RecordedEvent]], into: FleetView | None = None
 ) -> FleetView:
-    """``fold`` of pages of events (as the log reads them), through the quiet fast path.
-
-    The cycle collector waits until the fold is done: a fold allocates millions of
-    acyclic objects, and collecting them as they go costs more than folding them.
-    """
+    """``fold`` of pages of events (as the log reads them), through the quiet fast path."""
     view = into
-    with cyclic_gc_paused():
-        for page in pages:
-            if not page:
-                continue
-            if view is None:
-                view = FleetView.start(page[0])
-                page = page[1:]
-            for _ in view.apply_page(page):
-                pass
+    for page in pages:
+        if not page:
+            continue
+        if view is None:
+            view = FleetView.start(page[0])
+            page = page[1:]
+        for _ in view.apply_page(page):
+            pass
     if view is None:
         raise ProjectionError("nothing to fold: a run needs at least its run_started event")
     return view

@@ -286,7 +286,9 @@ RULES: dict[Input, dict[ShardState, tuple[Branch, ...]]] = {
 # ── counter effects, applied when the input is taken, before the guards ────────
 
 
-def _count_probe_success(r: ShardRecord, at_us: int) -> None:
+def count_probe_success(r: ShardRecord, at_us: int) -> None:
+    """A successful probe: the probe streak ends and the success is counted. (The one
+    inlined copy, in ``FleetView.apply_page``, says why it exists.)"""
     r.probe_failures = 0
     r.probe_evidence = ()
     r.probe_successes += 1
@@ -294,7 +296,7 @@ def _count_probe_success(r: ShardRecord, at_us: int) -> None:
 
 
 def _probe_ok(r: ShardRecord, s: Signal) -> None:
-    _count_probe_success(r, s.at_us)
+    count_probe_success(r, s.at_us)
 
 
 def _probe_failed(r: ShardRecord, s: Signal) -> None:
@@ -310,9 +312,13 @@ def _reported_failure(r: ShardRecord, s: Signal) -> None:
     r.last_error = s.text
 
 
-def _reported_success(r: ShardRecord, _s: Signal) -> None:
+def _clear_reported_streak(r: ShardRecord) -> None:
     r.reported_failures = 0
     r.reported_evidence = ()
+
+
+def _reported_success(r: ShardRecord, _s: Signal) -> None:
+    _clear_reported_streak(r)
 
 
 def _note_error(r: ShardRecord, s: Signal) -> None:
@@ -376,29 +382,23 @@ def _evidence(r: ShardRecord, signal: Signal, branch: Branch) -> tuple[int, ...]
 
 
 # Almost every event of a long run is a successful probe of a HEALTHY shard, whose row
-# is one unconditional "stay": the fold takes it without building a Signal.
-assert RULES[Input.PROBE_OK][H] == (_stay(),) and EFFECTS[Input.PROBE_OK] is _probe_ok
-
-
+# is one unconditional "stay": the fold takes it without building a Signal. That the
+# table's row says so is pinned by tests/test_shard_states.py.
 def healthy_probe_ok(r: ShardRecord, at_us: int) -> bool:
     """Apply a successful probe if the shard is HEALTHY (never a transition)."""
     if r.state is not ShardState.HEALTHY:
         return False
-    _count_probe_success(r, at_us)
+    count_probe_success(r, at_us)
     return True
 
 
 # A success an adapter reported is a "stay" in every state but RETIRED (which ignores
-# it): it clears the reported streak and can never move a shard.
-assert RULES[Input.REPORTED_SUCCESS] == {state: (_stay(),) for state in ALL_BUT_RETIRED}
-assert EFFECTS[Input.REPORTED_SUCCESS] is _reported_success
-
-
+# it): it clears the reported streak and can never move a shard (pinned by the tests
+# too).
 def reported_success_quiet(r: ShardRecord) -> None:
     """Apply a reported success (never a transition), without building a Signal."""
     if r.state is not ShardState.RETIRED:
-        r.reported_failures = 0
-        r.reported_evidence = ()
+        _clear_reported_streak(r)
 
 
 def all_healthy_probes_ok(shards: Sequence[ShardRecord], ok: Sequence[int], at_us: int) -> bool:
@@ -410,11 +410,7 @@ def all_healthy_probes_ok(shards: Sequence[ShardRecord], ok: Sequence[int], at_u
         if shard >= count or shards[shard].state is not healthy:
             return False
     for shard in ok:
-        r = shards[shard]
-        r.probe_failures = 0
-        r.probe_evidence = ()
-        r.probe_successes += 1
-        r.last_ok_at_us = at_us
+        count_probe_success(shards[shard], at_us)
     return True
 
 

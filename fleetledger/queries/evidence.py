@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fleetledger.events.allocation import cyclic_gc_paused
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
-from fleetledger.events.records import RunHead
 from fleetledger.projections.explain import (
     ProbeTallies,
     RunExplanation,
@@ -25,6 +22,8 @@ from fleetledger.projections.explain import (
 )
 from fleetledger.projections.history import Entry, History
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
+from fleetledger.store.records import RunHead
 
 
 def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
@@ -43,14 +42,13 @@ def _history_of(log: EventLog, run: str, to_seq: int, tallies: ProbeTallies) -> 
     counting probes on the way; a replay never reads event ids (``ids=False``)."""
     history: History | None = None
     entries: list[Entry] = []
-    with cyclic_gc_paused():
-        for page in log.read_pages(run, 0, to_seq, ids=False):
-            page = list(tallies.watch(page))
-            if history is None:
-                history, first = History.start(page[0])
-                entries += first
-                page = page[1:]
-            entries += history.feed_page(page)
+    for page in log.read_pages(run, 0, to_seq, ids=False):
+        page = list(tallies.watch(page))
+        if history is None:
+            history, first = History.start(page[0])
+            entries += first
+            page = page[1:]
+        entries += history.feed_page(page)
     if history is not None and history.view.ended is None:
         entries += history.finish()
     return entries

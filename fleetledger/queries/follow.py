@@ -1,18 +1,15 @@
-"""Following a live run: fold what other processes append, entry by entry.
-
-Each poll reads only what was appended after the last seq folded, so a quiet run costs
-one short read per poll; the log commits in seq order, so a poll never sees seq n+2
-before n+1.
-"""
+"""Following a live run entry by entry (``watch``): the run's tail (:mod:`.tail`) fed
+into its history."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 
-from fleetledger.events.log import EventLog
 from fleetledger.projections.history import EndEntry, Entry, History
+from fleetledger.queries.tail import Tail
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
 
 DEFAULT_POLL_INTERVAL_S = 1.0
 
@@ -20,16 +17,15 @@ DEFAULT_POLL_INTERVAL_S = 1.0
 class Follower:
     """Follows a live run: folds what other processes append, entry by entry.
 
-    It starts at the run's head (the past is ``replay``'s business) and reads only what
-    was appended after the last seq it folded, so each poll costs one head lookup when
-    nothing happened. The log commits in seq order, so a poll never sees seq n+2
-    before n+1.
+    It starts at the run's head (the past is ``replay``'s business) and reads the tail
+    after the last seq it folded.
     """
 
     def __init__(self, log: EventLog, run: str) -> None:
         self.log = log
         self.run = run
         self.history = History(load_view(log, run))
+        self._tail = Tail(log, run, self.history.view)
         self.started_at_seq = self.history.view.seq
 
     @property
@@ -45,9 +41,8 @@ class Follower:
         """Fold whatever was appended since the last poll; returns its entries."""
         entries: list[Entry] = []
         feed = self.history.feed
-        for page in self.log.read_pages(self.run, self.seq):
-            for recorded in page:
-                entries += feed(recorded)
+        for recorded in self._tail.new():
+            entries += feed(recorded)
         return entries
 
     def follow(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from fleetledger.events.allocation import cyclic_gc_paused
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.log import EventLog
-from fleetledger.events.records import RunHead
 from fleetledger.projections.history import Entry, History
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
+from fleetledger.store.records import RunHead
 
 # Called after each page with (events folded so far, events to fold in all).
 PageCallback = Callable[[int, int], None]
@@ -50,16 +49,14 @@ def read_history(
     if after >= 1:
         history = History(load_view(log, run, after, head=head))
     total = last - after
-    # History entries hold no event ids: one shared event per repeated payload. The
-    # cycle collector waits until the read is done (see ``events.allocation``).
-    with cyclic_gc_paused():
-        for page in log.read_pages(run, after, last, ids=False):
-            if history is None:  # from seq 1: the first entry is the starting membership
-                history, entries = History.start(page[0])
-                yield from entries
-                page = page[1:]
-            yield from history.feed_page(page)
-            if on_page is not None:
-                on_page(history.view.seq - after, total)
+    # History entries hold no event ids: one shared event per repeated payload.
+    for page in log.read_pages(run, after, last, ids=False):
+        if history is None:  # from seq 1: the first entry is the starting membership
+            history, entries = History.start(page[0])
+            yield from entries
+            page = page[1:]
+        yield from history.feed_page(page)
+        if on_page is not None:
+            on_page(history.view.seq - after, total)
     if history is not None and history.view.ended is None:
         yield from history.finish()

@@ -12,8 +12,8 @@ from datetime import datetime
 
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.codec import cut, stamp_of
-from fleetledger.events.log import EventLog
-from fleetledger.events.records import RunHead
+from fleetledger.store.log import EventLog
+from fleetledger.store.records import RunHead
 
 TIME_EXAMPLE = "2026-11-29T10:25:43Z"
 # A seq as a person types it: ASCII digits only ('²'.isdigit() is true, int('²') fails).

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FleetConfig, shard_outside
-from fleetledger.events.records import RunHead
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.history import Entry
 from fleetledger.queries.history import PageCallback, read_history
 from fleetledger.queries.points import PointError, parse_time, seq_of_point
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
+from fleetledger.store.records import RunHead
 
 if TYPE_CHECKING:
     from fleetledger.projections.explain import RunExplanation, ShardExplanation

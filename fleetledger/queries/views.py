@@ -7,11 +7,11 @@ a warning and the fold starts from seq 1, so the answer is always ``fold(log[:se
 
 from __future__ import annotations
 
-from fleetledger.events.log import EventLog
-from fleetledger.events.records import RunHead
 from fleetledger.logs import get_logger
 from fleetledger.projections.fleet_view import FleetView, ProjectionError, fold_pages
 from fleetledger.projections.snapshot import PROJECTION_VERSION, from_snapshot
+from fleetledger.store.log import EventLog
+from fleetledger.store.records import RunHead
 
 _log = get_logger("fleetledger.queries")  # structlog is loaded on the first warning
 

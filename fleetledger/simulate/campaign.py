@@ -36,12 +36,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.queries.tail import Tail
+from fleetledger.shards.naming import shard_actor_name
 from fleetledger.simulate.chaos_plan import DEFAULT_SETTINGS, Fault, TrialPlan, TrialSettings
 from fleetledger.simulate.spec import SimulationSpec
+from fleetledger.store.log import EventLog
 
 __all__ = [
     "Injection",
@@ -86,20 +88,24 @@ class _Follower:
         self.stage_dir = stage_dir
         self.engine = engine
         self.view: FleetView | None = None
+        self._tail: Tail | None = None
         self.events: list[RecordedEvent] = []
 
     def poll(self) -> list[RecordedEvent]:
         """New events since the last poll (none before the run exists)."""
-        after = 0 if self.view is None else self.view.seq
-        try:
-            new = list(self.log.read(self.run, after))
-        except LedgerError:
-            return []  # not started yet
-        for recorded in new:
-            if self.view is None:
-                self.view = fold([recorded])
-            else:
-                self.view.apply(recorded)
+        new: list[RecordedEvent] = []
+        if self._tail is None:
+            try:
+                new = list(self.log.read(self.run, 0, 1))
+            except LedgerError:
+                return []  # not started yet
+            if not new:
+                return []
+            self.view = fold(new)
+            self._tail = Tail(self.log, self.run, self.view)
+        for recorded in self._tail.new():
+            self._tail.view.apply(recorded)
+            new.append(recorded)
         self.events += new
         return new
 
@@ -117,8 +123,6 @@ class _Follower:
     def _ask(self, shard: int, method: str) -> Any:
         """One call on the shard's current actor (found by its name), or None."""
         import ray
-
-        from fleetledger.controller.ray_fleet import shard_actor_name
 
         try:
             handle = ray.get_actor(shard_actor_name(f"fleetledger-{self.run}", shard))
@@ -428,7 +432,7 @@ def _run_here(
     spec: SimulationSpec, db_url: str, timeout_s: float
 ) -> tuple[str, str, dict[str, int]]:
     """The simulation on a thread of this process; ``hung`` if it is not back in time."""
-    from fleetledger.simulate.loop import Simulation
+    from fleetledger.simulate.loop import Simulation  # torch and the transports: per trial
 
     box: list[Any] = []
 
@@ -486,7 +490,7 @@ def controller_main(argv: list[str]) -> None:
 
     db_url, run, stage_dir, address, engine = argv
     ray.init(address=address, log_to_driver=False, configure_logging=False)
-    from fleetledger.simulate.loop import Simulation
+    from fleetledger.simulate.loop import Simulation  # after ray.init: it starts actors
 
     log = EventLog.open(db_url)
     spec = TrialSettings.for_engine(engine).spec(run, stage_dir)

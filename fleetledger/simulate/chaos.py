@@ -15,6 +15,8 @@ import os
 import signal
 from collections.abc import Callable
 
+import ray
+
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.simulate.spec import Chaos
@@ -45,7 +47,7 @@ class ChaosInjector:
         attempts = self._ledger.membership.restart_attempts[shard]
         known_at, pid = self._pids.get(shard, (-1, 0))
         if known_at != attempts:
-            pid = self._fleet.call(shard, "pid", timeout_s=5.0)
+            pid = ray.get(self._fleet.handle(shard).pid.remote(), timeout=5.0)
             self._pids[shard] = (attempts, pid)
         return pid
 
@@ -66,10 +68,10 @@ class ChaosInjector:
             os.kill(pid, signal.SIGSTOP)
             self._frozen.append(pid)
         elif chaos.action == "kill-engine":  # vLLM only (the spec refuses it otherwise)
-            pid = self._fleet.call(chaos.shard, "engine_pid", timeout_s=5.0)
+            pid = ray.get(self._fleet.handle(chaos.shard).engine_pid.remote(), timeout=5.0)
             os.kill(pid, signal.SIGKILL)
         elif self._real_engine:  # wedge: the engine core stops, the actor still answers
-            pid = self._fleet.call(chaos.shard, "engine_pid", timeout_s=5.0)
+            pid = ray.get(self._fleet.handle(chaos.shard).engine_pid.remote(), timeout=5.0)
             os.kill(pid, signal.SIGSTOP)
             self._frozen.append(pid)
         else:

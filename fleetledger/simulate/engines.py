@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import ray
 from ray.actor import ActorHandle
 
-from fleetledger.controller.ray_fleet import RayShardFleet, ShardFactory
+from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.controller.runtime_deaths import actor_death_of
 from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_factory
+from fleetledger.shards.naming import ShardFactory
 from fleetledger.simulate.spec import SimulationSpec
 from fleetledger.simulate.trainer import SimulatedTrainer
 
@@ -67,9 +68,10 @@ def choose_engine(spec: SimulationSpec, prefix: str, teardown: ExitStack) -> Eng
 
 
 def _vllm(spec: SimulationSpec, prefix: str, teardown: ExitStack) -> EngineChoice:
-    from fleetledger.engines.models import resolve_model
-    from fleetledger.engines.policy import PolicyTrainer, refit_logprob_diff
-    from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory
+    # vLLM and transformers load only when the run asks for real engines.
+    from fleetledger.engines.models import resolve_model  # torch
+    from fleetledger.engines.policy import PolicyTrainer, refit_logprob_diff  # transformers
+    from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory  # vllm
 
     model = str(resolve_model(spec.model))
     # The run's own directory: vLLM's socket files, caches and each refit's weights

@@ -24,12 +24,8 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from fleetledger.controller.deadlines import RolloutDeadlines
-from fleetledger.controller.fleet_controller import TrainingProgress
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
-from fleetledger.controller.ray_fleet import GenerationReports, local_ray
-from fleetledger.controller.refit_recovery import RunFailed
-from fleetledger.controller.retry_policy import (
+from fleetledger.adapters.deadlines import RolloutDeadlines
+from fleetledger.adapters.retry_policy import (
     Attempt,
     PromptSkipped,
     RetryPolicy,
@@ -38,10 +34,14 @@ from fleetledger.controller.retry_policy import (
     gather_cancelling_siblings,
     run_rollout,
 )
-from fleetledger.events.log import EventLog
+from fleetledger.controller.fleet_controller import TrainingProgress
+from fleetledger.controller.ray_fleet import GenerationReports, local_ray
+from fleetledger.controller.refit_recovery import RunFailed
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.shards.contract import Generation, GenerationRequest
 from fleetledger.simulate.spec import RefitRecord, SimulationResult, SimulationSpec
 from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
+from fleetledger.store.log import EventLog
 
 ADAPTER = "simulate.rollouts"
 

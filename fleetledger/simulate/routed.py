@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from ray.actor import ActorHandle
 
-from fleetledger.controller.generation_shard import Generation, GenerationRequest
+from fleetledger.shards.contract import Generation, GenerationRequest
 
 __all__ = ["ROUTED", "SHARD_HEADER", "RoutedRollouts"]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fleetledger.controller.config import ControllerConfig
+from fleetledger.config import ControllerConfig
 from fleetledger.events.models import shard_outside
 
 ChaosAction = Literal["kill", "freeze", "wedge", "blip", "kill-engine"]

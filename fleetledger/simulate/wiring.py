@@ -10,6 +10,8 @@ failed half-way.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,17 +20,18 @@ from typing import Literal
 
 from ray.actor import ActorHandle
 
+from fleetledger.adapters.shard_selector import ShardSelector
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
 from fleetledger.controller.ledger import Ledger
-from fleetledger.controller.ray_fleet import RayShardFleet, shard_actor_name
+from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.controller.refit_recovery import RefitCoordinator
-from fleetledger.controller.shard_selector import ShardSelector
-from fleetledger.events.log import EventLog
+from fleetledger.shards.naming import shard_actor_name
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
 from fleetledger.simulate.routed import RoutedRollouts
 from fleetledger.simulate.spec import SimulationSpec
 from fleetledger.simulate.trainer import WeightsSpec
+from fleetledger.store.log import EventLog
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
 
@@ -188,12 +191,9 @@ def _router(
     """The run's router as a named Ray actor on a reserved port, and the rollout client
     that talks to it. The router reads the membership from this run's ledger, so it
     needs the ledger's URL (with its password: it writes outcome windows)."""
-    import json
-    import urllib.request
-
     import ray
 
-    from fleetledger.controller.router_actor import start_router_actor
+    from fleetledger.router.actor import start_router_actor  # aiohttp: only with --router
 
     db_url = log.database.url.render(hide_password=False)
     handle, url = start_router_actor(db_url, run, config=spec.config.router, window_s=0.5)

@@ -10,6 +10,7 @@ parked in an aborted group never holds up the next build's join (nor interpreter
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -181,8 +182,6 @@ class GenerationWorker(CommunicatorActor):
     """A generation worker with nothing but its communicator membership (for tests)."""
 
     async def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     async def is_alive(self, deep: bool = False) -> bool:

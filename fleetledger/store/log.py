@@ -21,7 +21,8 @@ Guarantees, and how each is kept:
   run must exist (or the batch must start it), shards must be in range, nothing may
   follow ``run_ended``. A refused batch leaves the log unchanged.
 
-Every statement runs on the driver's cursor (``statements``); SQLAlchemy holds the
+Every statement runs on the driver's cursor, written once per backend beside the code
+that runs it (``store.sqlite``, ``store.postgres``: ``statements``); SQLAlchemy holds the
 write transactions and PostgreSQL's pool, and is imported only by an open that has an
 engine: a read of a SQLite ledger never loads it.
 """
@@ -34,10 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from fleetledger.events.allocation import cyclic_gc_paused
-from fleetledger.events.batch_rules import check_batch, refuse_ids
 from fleetledger.events.codec import EventCodec, StoredRow
-from fleetledger.events.database import Database, OpenMode, open_database
 from fleetledger.events.errors import (
     AppendRejected,
     EventDecodeError,
@@ -55,28 +53,27 @@ from fleetledger.events.models import (
     RunStarted,
     iso_at,
 )
-from fleetledger.events.records import ImportRow, RunHead, RunSummary, check_run_id
-from fleetledger.events.statements import (
-    DriverStatement,
-    driver_cursor,
-    execute,
-    fetch_all,
-    fetch_one,
-)
+from fleetledger.store.batch_rules import check_batch, refuse_ids
+from fleetledger.store.database import Database, OpenMode, open_database
+from fleetledger.store.records import RunHead, RunSummary, check_run_id
+from fleetledger.store.statements import Conn
 
 if TYPE_CHECKING:
-    from fleetledger.events.write_connections import WriteConnections
+    from fleetledger.events.jsonl import ImportRow
+    from fleetledger.store.write_connections import WriteConnections
 
-# A connection of the database's driver (sqlite3, psycopg): every statement runs on one.
-Conn = Any
-
+# Reads one page of rows, ``lo < seq <= hi``: ``Statements.page`` or ``content_page``.
+PageReader = Callable[[Conn, str, int, int], list[Any]]
 T = TypeVar("T")
 READ_PAGE = 20_000
-# Ids looked up per IN (...): well under SQLite's and PostgreSQL's bind-parameter limits.
+# Ids looked up per statement: well under SQLite's bind-parameter limit (one ``?`` each;
+# PostgreSQL takes them as one array).
 LOOKUP_CHUNK = 10_000
 RUN_ENDED = RunEnded.model_fields["type"].default
 # Above every seq: a BIGINT's largest value.
 SEQ_LIMIT = 2**63 - 1
+# The runs an unknown run's error names, first by name.
+RUNS_NAMED = 20
 
 
 def wall_clock_us() -> int:
@@ -133,7 +130,7 @@ class EventLog:
         if writes is None:
             with self._writes_lock:
                 if self._writes is None:
-                    from fleetledger.events.write_connections import WriteConnections
+                    from fleetledger.store.write_connections import WriteConnections
 
                     self._writes = WriteConnections(self.database)
                 writes = self._writes
@@ -249,22 +246,13 @@ class EventLog:
         head = self._heads.get(run)
         if head is None:
             return None
-        if self._sql.lock_run is not None:
-            fetch_one(conn, self._sql.lock_run, run=run)
+        self._sql.lock_run(conn, run)
         return head
 
     def _head(self, conn: Conn, run: str, *, lock: bool) -> _Head | None:
         """The run's last event (None: no such run); with ``lock``, own the run's appends."""
-        if lock and self._sql.lock_run is not None:
-            if fetch_one(conn, self._sql.lock_run, run=run) is None:
-                return None
-        row = fetch_one(conn, self._sql.last_event, run=run)
+        row = self._sql.last_event(conn, run, lock=lock)
         return None if row is None else _Head(row[0], row[1], row[2] == RUN_ENDED)
-
-    def _insert_events(self, conn: Conn, rows: list[tuple[Any, ...]]) -> None:
-        """Rows in ``INSERT_COLUMNS`` order, straight to the driver (one executemany)."""
-        with driver_cursor(conn) as cursor:
-            cursor.executemany(self._sql.insert_events.sql, self._sql.insert_rows(rows))
 
     def _append_in(
         self, conn: Conn, run: str, encoded: list[_Encoded], *, lookup: bool
@@ -297,8 +285,8 @@ class EventLog:
             for i, e in enumerate(fresh)
         ]
         if head is None:
-            execute(conn, self._sql.insert_run, run=run, at_us=now)
-        self._insert_events(conn, rows)
+            self._sql.insert_run(conn, run, now)
+        self._sql.insert_events(conn, rows)
         last = first + len(fresh) - 1
         new_head = _Head(last, now, isinstance(fresh[-1].event, RunEnded))
         if not stored:
@@ -315,10 +303,7 @@ class EventLog:
         index = {e.event.id: i for i, e in enumerate(encoded)}
         ids, stored = list(index), {}
         for at in range(0, len(ids), LOOKUP_CHUNK):
-            sql, params = self._sql.stored_ids.bound(ids[at : at + LOOKUP_CHUNK], run=run)
-            with driver_cursor(conn) as cursor:
-                cursor.execute(sql, params)
-                rows = cursor.fetchall()
+            rows = self._sql.stored(conn, run, ids[at : at + LOOKUP_CHUNK])
             for event_id, seq, type_, version, payload in rows:
                 i = index[event_id]
                 differs = self.codec.difference(run, seq, type_, version, payload, encoded[i].event)
@@ -330,10 +315,10 @@ class EventLog:
     def _config_in(self, conn: Conn, run: str) -> FleetConfig:
         config = self._configs.get(run)
         if config is None:
-            row = fetch_one(conn, self._sql.page, run=run, lo=0, hi=1)
-            if row is None:
+            rows = self._sql.page(conn, run, 0, 1)
+            if not rows:
                 raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
-            _seq, _at_us, _event_id, type_, version, payload = row
+            _seq, _at_us, _event_id, type_, version, payload = rows[0]
             started = self.codec.decode(run, 1, type_, version, payload)
             if not isinstance(started, RunStarted):
                 raise EventDecodeError(run, 1, f"the first event is {type_!r}, not run_started")
@@ -360,8 +345,7 @@ class EventLog:
     def _require_run(self, conn: Conn, run: str) -> _Head:
         head = self._head(conn, run, lock=False)
         if head is None:
-            known = [name for (name,) in fetch_all(conn, self._sql.run_names)]
-            listed = ", ".join(known) or "none"
+            listed = ", ".join(self._sql.run_names(conn, RUNS_NAMED)) or "none"
             raise UnknownRun(run, f"no run {run!r} in {self.database.display_url} (runs: {listed})")
         return head
 
@@ -371,7 +355,7 @@ class EventLog:
         return self._read_rows(self._sql.page, run, after_seq, to_seq)
 
     def _read_rows(
-        self, page_sql: DriverStatement, run: str, after_seq: int, to_seq: int | None
+        self, read_page: PageReader, run: str, after_seq: int, to_seq: int | None
     ) -> Iterator[list[Any]]:
         """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
 
@@ -394,18 +378,17 @@ class EventLog:
         lo = after_seq
         while lo < last:
             hi = min(lo + READ_PAGE, last)
-            with self.database.reading() as conn, driver_cursor(conn) as cursor, cyclic_gc_paused():
-                cursor.execute(page_sql.sql, page_sql.params(run=run, lo=lo, hi=hi))
-                page = cursor.fetchall()
+            with self.database.reading() as conn:
+                page = read_page(conn, run, lo, hi)
             if len(page) != hi - lo:
-                page, last = self._short_page(page_sql, run, lo, hi, page, to_seq)
+                page, last = self._short_page(read_page, run, lo, hi, page, to_seq)
             if page:
                 yield page
             lo = hi
 
     def _short_page(
         self,
-        statement: DriverStatement,
+        read_page: PageReader,
         run: str,
         lo: int,
         hi: int,
@@ -426,7 +409,7 @@ class EventLog:
                 head = self._require_run(conn, run).seq  # an unknown run is an error
                 end = max(lo, min(hi, head))
                 if len(page) != end - lo:
-                    page = fetch_all(conn, statement, run=run, lo=lo, hi=end)
+                    page = read_page(conn, run, lo, end)
             if len(page) == end - lo:
                 return page, min(to_seq, head)
         raise LedgerError(
@@ -463,20 +446,20 @@ class EventLog:
         no scan of a million-event run. A time before the run's first event has no
         answer: the error names the run and when it began.
         """
-        statement = self._sql.time_of
+        stored_time = self._sql.time_of
         with self.database.reading() as conn:
             last = self._require_run(conn, run) if head is None else head
             if at_us >= last.at_us:
                 return last.seq
 
             def time_of(seq: int) -> int:
-                row = fetch_one(conn, statement, run=run, seq=seq)
-                if row is None:
+                at = stored_time(conn, run, seq)
+                if at is None:
                     raise LedgerError(
                         f"run {run!r} has a head at seq {last.seq} but no seq {seq}: "
                         "the ledger is damaged"
                     )
-                return int(row[0])
+                return at
 
             first_at = time_of(1)
             if at_us < first_at:
@@ -497,13 +480,13 @@ class EventLog:
     def event_ids(self, run: str) -> dict[int, str]:
         with self.database.reading() as conn:
             self._require_run(conn, run)
-            rows = fetch_all(conn, self._sql.event_ids, run=run)
+            rows = self._sql.event_ids(conn, run)
         return dict(rows)
 
     def runs(self) -> list[RunSummary]:
         """Every run, oldest first, with its head (one index lookup per run)."""
         with self.database.reading() as conn:
-            listed = fetch_all(conn, self._sql.run_list)
+            listed = self._sql.run_list(conn)
             out = []
             for run_id, started_at_us in listed:
                 head = self._head(conn, run_id, lock=False)
@@ -514,7 +497,7 @@ class EventLog:
 
     def count_events(self) -> int:
         with self.database.reading() as conn:
-            return int(fetch_one(conn, self._sql.count_events)[0])
+            return self._sql.count_events(conn)
 
     # ── import ───────────────────────────────────────────────────────────────
 
@@ -529,14 +512,14 @@ class EventLog:
                 raise AppendRejected(
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
-            execute(conn, self._sql.insert_run, run=run, at_us=rows[0].at_us)
+            self._sql.insert_run(conn, run, rows[0].at_us)
             # A page at a time: the driver's parameters for a whole run would double the
             # memory an import at its size limit holds (docs/events.md, Limits).
             values = (
                 (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload) for r in rows
             )
             while page := list(itertools.islice(values, READ_PAGE)):
-                self._insert_events(conn, page)
+                self._sql.insert_events(conn, page)
             return []
 
         try:
@@ -555,9 +538,8 @@ class EventLog:
             head = self._head(conn, run, lock=True)
             if head is None or seq > head.seq or seq < 1:
                 raise AppendRejected(run, f"cannot snapshot at seq {seq}: not in the log")
-            key = {"run": run, "version": projection_version, "seq": seq}
-            if fetch_one(conn, sql.snapshot_exists, **key) is None:
-                execute(conn, sql.insert_snapshot, **key, payload=payload)
+            if not sql.snapshot_exists(conn, run, projection_version, seq):
+                sql.insert_snapshot(conn, run, projection_version, seq, payload)
             return []
 
         try:
@@ -571,7 +553,4 @@ class EventLog:
         """The newest snapshot of this projection version at or before ``at_most_seq``."""
         at_most = SEQ_LIMIT if at_most_seq is None else at_most_seq
         with self.database.reading() as conn:
-            row = fetch_one(
-                conn, self._sql.load_snapshot, run=run, version=projection_version, at_most=at_most
-            )
-        return None if row is None else (row[0], row[1])
+            return self._sql.load_snapshot(conn, run, projection_version, at_most)

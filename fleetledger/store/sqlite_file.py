@@ -1,8 +1,10 @@
-"""A SQLite ledger as a file: its path, its URI, opening it to read without writing, and
-the connections every read goes through (the standard library's driver, no SQLAlchemy).
+"""A SQLite ledger as a file: checking it before an open, opening it to read without
+writing, and the connections every read goes through (the standard library's driver, no
+SQLAlchemy).
 
-See ``events.database`` for the rules of read and write opens; this module keeps how
-they are carried out on a SQLite file. The engine of a write open is ``sqlite_engine``'s.
+See ``store.database`` for the rules of read and write opens; this module keeps how
+they are carried out on a SQLite file. Which file a URL names, and what its query tells
+the driver, is ``store.urls``'; the engine of a write open is ``sqlite_engine``'s.
 """
 
 from __future__ import annotations
@@ -14,87 +16,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-from urllib.parse import quote, unquote, urlencode
 
-from fleetledger.events.db_urls import LedgerUrl, query_params
 from fleetledger.events.errors import LedgerNotWritable, LedgerOpenError, LedgerReadError, NoLedger
+from fleetledger.store.urls import SQLITE_BUSY_TIMEOUT_MS, params_immutable, sqlite_uri
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
-
-
-def _flag(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on", "y", "t"):
-        return True
-    if lowered in ("0", "false", "no", "off", "n", "f"):
-        return False
-    raise ValueError(f"{value!r} is not a boolean")
-
-
-def _seconds(value: str) -> float:
-    seconds = float(value)
-    if not 0 <= seconds < 2**31 / 1000:  # the driver's busy timeout is a C int of ms
-        raise ValueError(f"{value!r} is out of range")
-    return seconds
-
-
-def _c_int(value: str) -> int:
-    number = int(value)
-    if not 0 <= number < 2**31:  # the driver takes a C int
-        raise ValueError(f"{value!r} is out of range")
-    return number
-
-
-# Query parameters the Python driver takes, each read as SQLAlchemy reads it (and held
-# to what the driver can take, so a value is refused before any file is touched), and
-# what it must be; every other one is a SQLite URI parameter.
-_PYSQLITE_ARGS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "timeout": (_seconds, "a number of seconds, 0 or more (up to 2147483)"),
-    "isolation_level": (str, "text"),
-    "detect_types": (_c_int, "a whole number from 0 to 2147483647"),
-    "check_same_thread": (_flag, "true or false"),
-    "cached_statements": (_c_int, "a whole number from 0 to 2147483647"),
-}
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_TRUE = ("1", "true", "yes", "on")
 
 
 # ── SQLite: the file ─────────────────────────────────────────────────────────
-
-
-def sqlite_path(url: LedgerUrl) -> Path:
-    database = url.database
-    if url.username or url.password or url.host or url.port:
-        raise LedgerOpenError(
-            "a SQLite URL names a file, not a user, password or host: use "
-            "sqlite:///relative/ledger.db or sqlite:////absolute/ledger.db"
-        )
-    if not database or database == ":memory:" or query_params(url).get("mode") == "memory":
-        database = ":memory:"
-    elif database.startswith("file:"):  # the user's own URI form
-        database = database[len("file:") :]
-        if database.startswith("//"):  # file://host/path: only this machine
-            host, _, rest = database[2:].partition("/")
-            if host not in ("", "localhost"):
-                raise LedgerOpenError(f"a SQLite ledger is a local file, not one on {host!r}")
-            database = "/" + rest
-        database = unquote(database)
-    if not database or database.startswith(":memory:"):
-        raise LedgerOpenError(
-            "an in-memory SQLite database cannot hold a ledger (nothing would survive the "
-            "process); give a file, e.g. sqlite:///fleetledger.db"
-        )
-    return Path(database)
-
-
-def sqlite_params(url: LedgerUrl) -> dict[str, str]:
-    """The URL's query without ``uri``: every SQLite URL goes to the driver as a URI."""
-    return {k: v for k, v in query_params(url).items() if k != "uri"}
-
-
-def params_read_only(params: dict[str, str]) -> bool:
-    return params.get("mode") == "ro" or params.get("immutable", "").lower() in _TRUE
 
 
 def read_only_fs(path: Path) -> bool:
@@ -184,7 +113,7 @@ def plan_sqlite_read(path: Path, params: dict[str, str]) -> tuple[dict[str, str]
     """The URI parameters of a read-only open, and whether it needs a keeper (see the
     module docstring for why each case is read the way it is)."""
     params = {**params, "mode": "ro"}
-    if params.get("immutable", "").lower() in _TRUE or not is_wal_file(path):
+    if params_immutable(params) or not is_wal_file(path):
         return params, False  # the user vouches nothing changes it; or no WAL index needed
     if Path(f"{path}-shm").exists():
         return params, False  # join the index that is there
@@ -226,27 +155,6 @@ def open_keeper(path: Path) -> sqlite3.Connection:
         keeper.close()
         raise
     return keeper
-
-
-def sqlite_uri(path: Path, params: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    """The file as a ``file:`` URI carrying every SQLite parameter, and the driver's own
-    arguments (``timeout``, ...) with their types; a value of the wrong type is refused."""
-    uri = "file:" + quote(os.path.abspath(path), safe="/")
-    in_uri = {k: v for k, v in params.items() if k not in _PYSQLITE_ARGS}
-    if in_uri:
-        uri += "?" + urlencode(in_uri)
-    driver: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-    for name, value in params.items():
-        if name not in _PYSQLITE_ARGS:
-            continue
-        convert, expected = _PYSQLITE_ARGS[name]
-        try:
-            driver[name] = convert(value)
-        except ValueError:
-            raise LedgerOpenError(
-                f"the database URL's {name}={value!r} for {path} must be {expected}"
-            ) from None
-    return uri, driver
 
 
 class SqliteReads:

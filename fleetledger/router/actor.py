@@ -20,8 +20,8 @@ import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from fleetledger.controller.config import RouterConfig
-from fleetledger.controller.router import Router, reserve_port
+from fleetledger.config import RouterConfig
+from fleetledger.router.app import Router, reserve_port
 
 __all__ = ["RouterActor", "router_actor_name", "start_router_actor"]
 

@@ -1,5 +1,9 @@
-"""A PostgreSQL ledger's sessions: bounded waits, read-only sessions for read opens, and
-the engine every connection goes through (SQLAlchemy, imported when one is built)."""
+"""A PostgreSQL ledger's sessions: the engine every connection goes through (SQLAlchemy,
+imported when one is built), its reads, and a bounded wait that ran out, told in words.
+
+What a session is set to (bounded waits, read-only for read opens) is what the URL says
+to the driver: ``urls.postgres_connect``.
+"""
 
 from __future__ import annotations
 
@@ -7,48 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from fleetledger.events.db_urls import LedgerUrl, query_params
 from fleetledger.events.errors import LedgerOpenError
+from fleetledger.store.urls import LedgerUrl, connect_timeout_of, postgres_connect
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
-
-# PostgreSQL: a server that accepts and never answers, or a writer frozen inside its
-# transaction, must cost a bounded wait and one clear line, never a hung command. Each
-# is overridable in the URL (?connect_timeout=30&lock_timeout=2min&statement_timeout=0).
-PG_CONNECT_TIMEOUT_S = 10
-PG_SESSION_DEFAULTS = {"lock_timeout": "30s", "statement_timeout": "5min"}
-
-
-# ── PostgreSQL: the session ──────────────────────────────────────────────────
-
-
-def pg_option_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace(" ", "\\ ")
-
-
-def postgres_connect(url: LedgerUrl, *, read_only: bool) -> tuple[LedgerUrl, dict[str, Any]]:
-    """The driver URL and connect arguments: bounded times, and read-only for reads.
-
-    The URL's own settings win: ``connect_timeout`` is libpq's; ``lock_timeout`` and
-    ``statement_timeout`` become ``-c`` options after the defaults; the URL's own
-    ``options`` come after those. ``default_transaction_read_only`` comes last on a read
-    open, so nothing in the URL turns it off.
-    """
-    query = query_params(url)
-    settings = dict(PG_SESSION_DEFAULTS)
-    for key in PG_SESSION_DEFAULTS:
-        if key in query:
-            settings[key] = query.pop(key)
-    options = [f"-c {key}={pg_option_value(value)}" for key, value in settings.items()]
-    if "options" in query:
-        options.append(query.pop("options"))
-    if read_only:
-        options.append("-c default_transaction_read_only=on")
-    connect_args: dict[str, Any] = {"options": " ".join(options)}
-    if "connect_timeout" not in query:
-        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    return url.replace(query=query), connect_args
 
 
 def postgres_engine(url: LedgerUrl, *, read_only: bool) -> Engine:
@@ -90,7 +57,7 @@ def waited_too_long(detail: str, url: LedgerUrl | None = None) -> str | None:
     """What a driver error says about a bounded wait running out, in words; else None."""
     lowered = detail.lower()
     if "timeout expired" in lowered:
-        seconds = query_params(url).get("connect_timeout", PG_CONNECT_TIMEOUT_S) if url else None
+        seconds = connect_timeout_of(url) if url else None
         within = f"within connect_timeout={seconds} s" if seconds else "within connect_timeout"
         return (
             f"the server did not answer {within}; set connect_timeout=SECONDS in the URL "

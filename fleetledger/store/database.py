@@ -25,7 +25,7 @@ Rules that live here:
   ``fleetledger migrate``, and a database that already holds other tables only when
   asked (``--into-foreign-database``). SQLite ledgers are upgraded on a write open (and
   say so). Every session has a bounded connect, lock-wait and statement time
-  (``PG_CONNECT_TIMEOUT_S``, ``PG_SESSION_DEFAULTS``); what the URL sets wins.
+  (``urls.PG_CONNECT_TIMEOUT_S``, ``urls.PG_SESSION_DEFAULTS``); what the URL sets wins.
 - A database at a revision this code does not know, or one that holds somebody
   else's tables, is refused before anything is written.
 - A URL's password is never shown: messages name the database by ``display_url``, and
@@ -57,21 +57,16 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from fleetledger.events.db_urls import (
-    LedgerUrl,
-    display_url_of,
-    parse_db_url,
-    resolve_db_url,
-    scrub_password,
-)
 from fleetledger.events.errors import (
     LedgerNotWritable,
     LedgerOpenError,
     LedgerReadError,
+    LedgerWriteError,
     first_line,
 )
-from fleetledger.events.postgres_session import waited_too_long
-from fleetledger.events.revisions import (
+from fleetledger.logs import get_logger
+from fleetledger.store.postgres_session import waited_too_long
+from fleetledger.store.revisions import (
     check_known,
     check_readable,
     head_revision,
@@ -79,18 +74,24 @@ from fleetledger.events.revisions import (
     refuse_foreign,
     schema_state,
 )
-from fleetledger.events.sqlite_file import (
+from fleetledger.store.sqlite_file import (
     SqliteReads,
     check_readable_file,
     open_keeper,
-    params_read_only,
     plan_sqlite_read,
     prepare_sqlite_file,
+)
+from fleetledger.store.statements import Statements
+from fleetledger.store.urls import (
+    LedgerUrl,
+    display_url_of,
+    params_read_only,
+    parse_db_url,
+    resolve_db_url,
+    scrub_password,
     sqlite_params,
     sqlite_path,
 )
-from fleetledger.events.statements import Statements
-from fleetledger.logs import get_logger
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
@@ -142,15 +143,14 @@ class Database:
         return scrub_password(text, self.url.password)
 
     def statements(self) -> Statements:
-        """This backend's SQL (SQLite's as text; PostgreSQL's compiled at open)."""
+        """This backend's SQL, each statement beside the method that runs it."""
         if self.backend == "sqlite":
-            from fleetledger.events.sqlite_statements import SQLITE_STATEMENTS
+            from fleetledger.store.sqlite import SQLITE
 
-            return SQLITE_STATEMENTS
-        from fleetledger.events.core_statements import compile_statements
+            return SQLITE
+        from fleetledger.store.postgres import POSTGRES
 
-        assert self.engine is not None
-        return compile_statements(self.engine.dialect)
+        return POSTGRES
 
     @contextmanager
     def reading(self) -> Iterator[Any]:
@@ -173,9 +173,12 @@ class Database:
             ) from None
 
     def write_connection(self) -> Connection:
-        """A connection whose transactions take the write lock when they begin (an open
-        with an engine: ``WriteConnections`` refuses a write to one without)."""
-        assert self.engine is not None
+        """A connection whose transactions take the write lock when they begin."""
+        if self.engine is None:  # a SQLite read open runs on the driver alone
+            raise LedgerWriteError(
+                f"{self.display_url}: write failed (the ledger is read-only): it was opened "
+                "to read, nothing was written"
+            )
         return self.engine.connect().execution_options(fleetledger_write=True)
 
     def dispose(self) -> None:
@@ -264,8 +267,8 @@ def _open_sqlite_read(parsed: LedgerUrl, params: dict[str, str]) -> Database:
 def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
     from sqlalchemy.exc import DBAPIError
 
-    from fleetledger.events.revisions import upgrade
-    from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
+    from fleetledger.store.revisions import upgrade
+    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
 
     path = sqlite_path(parsed)
     # Built before the file is created: a bad driver argument is refused, leaving nothing.
@@ -307,7 +310,7 @@ def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
 
 
 def _open_postgres(parsed: LedgerUrl, mode: OpenMode) -> Database:
-    from fleetledger.events.postgres_session import PostgresReads, postgres_engine
+    from fleetledger.store.postgres_session import PostgresReads, postgres_engine
 
     read_only = mode == "read"
     engine = postgres_engine(parsed, read_only=read_only)
@@ -337,9 +340,9 @@ def migrate(
     from alembic.util.exc import CommandError  # migrating is the one place alembic runs
     from sqlalchemy.exc import DBAPIError
 
-    from fleetledger.events.postgres_session import postgres_engine
-    from fleetledger.events.revisions import upgrade
-    from fleetledger.events.sqlite_engine import sqlite_engine, use_wal
+    from fleetledger.store.postgres_session import postgres_engine
+    from fleetledger.store.revisions import upgrade
+    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
 
     parsed = parse_db_url(resolve_db_url(url))
     where = display_url_of(parsed)

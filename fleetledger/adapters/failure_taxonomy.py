@@ -64,8 +64,8 @@ __all__ = [
     "classify_exception",
     "classify_generation_failure",
     "classify_http_status",
+    "exception_text",
     "register_failure_type",
-    "safe_text",
     "wrap_generation_failure",
 ]
 
@@ -310,7 +310,7 @@ def _http_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
-def safe_text(exc: BaseException) -> str:
+def exception_text(exc: BaseException) -> str:
     """``str(exc)``, or the type's name where ``__str__`` itself fails (never raises)."""
     try:
         return str(exc)
@@ -325,7 +325,7 @@ def _http_detail(exc: BaseException) -> str:
     message = getattr(exc, "message", None)
     if isinstance(message, str):
         return message
-    return safe_text(exc)
+    return exception_text(exc)
 
 
 def _next_link(exc: BaseException) -> BaseException | None:
@@ -493,7 +493,7 @@ def wrap_generation_failure(
     verdict = classify_generation_failure(exc)
     cls = GenerationUnavailable if verdict.kind is _INFRA else RolloutDataFailure
     return cls(
-        f"generation failed: {type(exc).__name__}: {safe_text(exc)}",
+        f"generation failed: {type(exc).__name__}: {exception_text(exc)}",
         reason=verdict.reason,
         shard=shard,
         prompt_id=prompt_id,

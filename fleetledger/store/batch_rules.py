@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fleetledger.events.errors import AppendRejected, UnknownRun
-from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted, shard_outside
+from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted, shards_outside
 
 # The events whose place in a run is fixed: the first, and the last.
 _BOUNDARIES = (RunStarted, RunEnded)
@@ -55,12 +55,9 @@ def check_batch(
                 raise AppendRejected(run, "the run has already started", index=index)
             if index != last:
                 raise AppendRejected(run, "run_ended must be the last event", index=index)
-        # ``FleetConfig.check_event``'s rule, inlined: an append's hot path (a round
-        # of a large fleet names every shard: its bounds are checked at C speed).
-        named = event.shards_named()
-        if named and (min(named) < 0 or max(named) >= count):
-            shard = next(s for s in named if not 0 <= s < count)
-            raise AppendRejected(run, f"{event.type}: {shard_outside(shard, count)}", index=index)
+        problem = shards_outside(event.shards_named(), count)  # ``FleetConfig.check_event``
+        if problem is not None:
+            raise AppendRejected(run, f"{event.type}: {problem}", index=index)
     return fleet
 
 

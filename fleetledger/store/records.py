@@ -1,7 +1,8 @@
-"""What the log hands out and takes in, besides events: run summaries, heads, import rows.
+"""What the log hands out besides events: run summaries and heads; and the run-id rule.
 
 Plain frozen records, so a read command can hold a run's head and pass it down without
-holding a connection.
+holding a connection. (What an import hands the log is the export format's own row,
+``events.jsonl.ImportRow``.)
 """
 
 from __future__ import annotations
@@ -21,18 +22,6 @@ class RunSummary:
     started_at_us: int
     last_at_us: int
     ended: bool
-
-
-@dataclass(frozen=True)
-class ImportRow:
-    """A stored event as an export file holds it, kept byte-for-byte on import."""
-
-    seq: int
-    event_id: str
-    at_us: int
-    type: str
-    schema_version: int
-    payload: str
 
 
 @dataclass(frozen=True, slots=True)

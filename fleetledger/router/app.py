@@ -12,10 +12,10 @@ thread, so a port conflict fails construction rather than a background thread. O
 started it runs three things on one event loop:
 
 - the **handler** (allow-listed routes only, anything else 404 and never forwarded):
-  choose a backend (``router_membership.choose``), forward (``router_proxy.forward``),
-  count the outcome;
+  choose a backend (least outstanding over ``RoutingTable.candidates``), forward
+  (``proxy.forward``), count the outcome;
 - the **follower**: every ``poll_s`` it folds the run's tail off the loop and swaps in
-  the new membership snapshot; when the run ends it stops, and the router answers
+  the new table snapshot; when the run ends it stops, and the router answers
   every request with the no-healthy status;
 - the **reporter**: every ``window_s`` it hands the window of outcomes (successes and
   failures per shard) to the ledger as one ``outcome_window_reported`` event from the
@@ -25,7 +25,7 @@ started it runs three things on one event loop:
 Outcome rules: a 2xx/3xx answer is a success of the shard; an error status is
 classified by the taxonomy (5xx, 408, 429: the shard's failure; other 4xx: the
 prompt's, recorded as data and not held against the shard); a timeout or connection
-error is the shard's failure and avoids it locally (rule in ``router_membership``). An
+error is the shard's failure and avoids it locally (rule in ``routing_table``). An
 outcome of a URL that no longer belongs to the fleet — the shard's base URL changed
 while the request was in flight — is dropped with a log line: it says nothing about
 the replacement. A client that went away is nobody's outcome.
@@ -38,28 +38,28 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import structlog
 from aiohttp import web
 from pydantic import ValidationError
 
-from fleetledger.controller.config import ControllerConfig, RouterConfig
-from fleetledger.controller.outcome_reporter import OutcomeReporter
-from fleetledger.controller.router_listen import bind_listening, reserve_port
-from fleetledger.controller.router_membership import (
-    Avoidance,
-    Backend,
-    Membership,
-    MembershipFollower,
-    choose,
-)
-from fleetledger.controller.router_metrics import RouterMetrics
-from fleetledger.controller.router_proxy import Forwarded, error_response, forward
+from fleetledger.adapters.least_outstanding import InFlight
+from fleetledger.adapters.outcome_reporter import OutcomeReporter
+from fleetledger.config import ControllerConfig, RouterConfig
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import AppendRejected, LedgerError
-from fleetledger.events.log import EventLog
+from fleetledger.router.listen import bind_listening, reserve_port
+from fleetledger.router.metrics import RouterMetrics
+from fleetledger.router.proxy import Forwarded, error_response, forward
+from fleetledger.router.routing_table import (
+    Avoidance,
+    Backend,
+    RoutingTable,
+    RoutingTableFollower,
+)
+from fleetledger.store.log import EventLog
 
 __all__ = ["ROUTES", "Router", "RouterError", "reserve_port"]
 
@@ -122,11 +122,11 @@ class Router:
         self.poll_s = float(poll_s)
         self._log_db = self._open(db_url, run)
         try:
-            self._follower = MembershipFollower(self._log_db, run)
-            membership = self._follower.membership
-            if membership.ended is not None:
+            self._follower = RoutingTableFollower(self._log_db, run)
+            table = self._follower.table
+            if table.ended is not None:
                 raise RouterError(
-                    f"router: run {run!r} ended {membership.ended}; a router serves only a live run"
+                    f"router: run {run!r} ended {table.ended}; a router serves only a live run"
                 )
             self.config = config or recorded_router_config(
                 run, self._log_db.run_head(run).config.settings
@@ -145,8 +145,8 @@ class Router:
         self.metrics = RouterMetrics(run)
         self.reporter = OutcomeReporter(db_url, run, name, window_s=math.inf)  # timer below
         self.avoidance = Avoidance()
-        self._membership = membership
-        self._in_flight: dict[int, int] = {}
+        self._table = table
+        self._in_flight = InFlight()
         self._note_routable()
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -165,23 +165,23 @@ class Router:
     # ── read side ───────────────────────────────────────────────────────────
 
     @property
-    def membership(self) -> Membership:
-        """The membership the router routes by now."""
-        return self._membership
+    def table(self) -> RoutingTable:
+        """The routing table the router routes by now."""
+        return self._table
 
     @property
     def seq(self) -> int:
         """The last seq of the run the router has folded."""
-        return self._membership.seq
+        return self._table.seq
 
     @property
     def routable(self) -> tuple[int, ...]:
         """Shards a request may go to now: serving, HTTP, not avoided."""
         avoided = self.avoidance.avoided
-        return tuple(s for s in self._membership.routable if s not in avoided)
+        return tuple(s for s in self._table.routable if s not in avoided)
 
     def in_flight(self, shard: int) -> int:
-        return self._in_flight.get(shard, 0)
+        return self._in_flight.of(shard)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
 
@@ -255,27 +255,27 @@ class Router:
 
     async def _follow(self) -> None:
         failing = ""
-        while self._membership.ended is None:
+        while self._table.ended is None:
             await asyncio.sleep(self.poll_s)
             try:
-                membership = await asyncio.to_thread(self._follower.poll)
+                table = await asyncio.to_thread(self._follower.poll)
             except Exception as exc:  # the ledger is unreachable: route by what we know
                 if str(exc) != failing:
                     failing = str(exc)
                     _log.warning("router cannot read the run's tail", run=self.run, error=failing)
                 continue
             failing = ""
-            self._apply(membership)
+            self._apply(table)
         _log.info("run ended: answering the no-healthy status", run=self.run)
 
-    def _apply(self, membership: Membership) -> None:
-        self._membership = membership
-        for shard in self.avoidance.lift(membership):
+    def _apply(self, table: RoutingTable) -> None:
+        self._table = table
+        for shard in self.avoidance.lift(table):
             _log.info(
                 "backend routable again: the ledger named it after its failure",
                 run=self.run,
                 shard=shard,
-                seq=membership.seq,
+                seq=table.seq,
             )
         self._note_routable()
 
@@ -314,15 +314,15 @@ class Router:
             self.metrics.backend_errors.labels(shard=str(shard)).inc()
             # Story: the reference kept routing to a dead engine; avoid it until the
             # ledger has said something about it since.
-            self.avoidance.avoid(shard, backend.base_url, self._membership.seq)
+            self.avoidance.avoid(shard, backend.base_url, self._table.seq)
             self._note_routable()
-        if self._membership.url_of(shard) != backend.base_url:
+        if self._table.url_of(shard) != backend.base_url:
             _log.warning(
                 "outcome dropped: the shard's base URL changed while the request was in flight",
                 run=self.run,
                 shard=shard,
                 base_url=backend.base_url,
-                now=self._membership.url_of(shard),
+                now=self._table.url_of(shard),
             )
             return
         if done.error is not None:
@@ -346,20 +346,17 @@ class Router:
                 f"{path} is not a route of this router (routes: {', '.join(sorted(ROUTES))})",
             )
         arrived = time.monotonic()
-        membership = self._membership
-        backend = choose(membership.backends, self._in_flight, self.avoidance.avoided)
-        if backend is None or membership.ended is not None or backend.origin is None:
-            return self._no_healthy(path, membership)
-        shard = backend.shard
-        self._in_flight[shard] = self._in_flight.get(shard, 0) + 1
+        table = self._table
+        shard = self._in_flight.take(table.candidates(self.avoidance.avoided))
+        if shard is None:
+            return self._no_healthy(path, table)
+        backend = table.backends[shard]
         try:
-            done = await forward(request, self._session_or_fail(), backend.origin, shard=shard)
+            # A candidate is routable, so its origin is an HTTP(S) URL (tested rule).
+            origin = cast(str, backend.origin)
+            done = await forward(request, self._session_or_fail(), origin, shard=shard)
         finally:
-            left = self._in_flight.get(shard, 0) - 1
-            if left > 0:
-                self._in_flight[shard] = left
-            else:
-                self._in_flight.pop(shard, None)  # floored at 0: a stray release is harmless
+            self._in_flight.release(shard)
         self._account(backend, done)
         # "cut": the backend failed after its answer had started; the client's
         # connection was cut without the final chunk.
@@ -371,17 +368,17 @@ class Router:
             )
         return done.response
 
-    def _no_healthy(self, path: str, membership: Membership) -> web.Response:
+    def _no_healthy(self, path: str, table: RoutingTable) -> web.Response:
         status = self.config.no_healthy_status
         self.metrics.no_healthy.inc()
         self.metrics.requests.labels(route=path, status=str(status)).inc()
-        if membership.ended is not None:
-            why = f"run {self.run!r} ended {membership.ended}"
+        if table.ended is not None:
+            why = f"run {self.run!r} ended {table.ended}"
         else:
-            fleet = ", ".join(f"{s} {n}" for s, n in membership.counts.items() if n)
+            fleet = ", ".join(f"{s} {n}" for s, n in table.counts.items() if n)
             avoided = sorted(self.avoidance.avoided)
-            not_http = [b.shard for b in membership.backends if b.serving and b.origin is None]
-            why = f"run {self.run!r} at seq {membership.seq} (fleet: {fleet}"
+            not_http = [b.shard for b in table.backends if b.serving and b.origin is None]
+            why = f"run {self.run!r} at seq {table.seq} (fleet: {fleet}"
             why += f"; avoided after errors: {avoided}" if avoided else ""
             why += f"; not HTTP: {not_http}" if not_http else ""
             why += ")"

@@ -1,7 +1,11 @@
-"""The log's tables, as SQLAlchemy Core objects for queries.
+"""The log's tables, as SQLAlchemy Core objects: the head revision's schema, for Alembic's
+autogenerate (``migrations/env.py``) and for code that writes rows around the log (tests
+building old ledgers, the benchmarks' raw side).
 
 The schema itself moves only through the Alembic revisions in ``fleetledger/migrations``;
-these objects must describe the head revision, and a test compares the two.
+these objects must describe the head revision, and a test compares the two. The log's
+own SQL is text, written per backend beside the code that runs it (``store.sqlite``,
+``store.postgres``), and run against the tables the revisions created by its tests.
 """
 
 from __future__ import annotations

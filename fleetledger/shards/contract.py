@@ -1,9 +1,14 @@
-"""What the controller may ask of a generation shard: the engine interface.
+"""The shard contract: everything the fleet asks of an engine's actor, in one interface.
 
-It is the least the controller needs from an engine: is it alive, generate one
-completion, which weights does it hold, and "you now hold version v" after a refit.
-Engines (``fleetledger.engines``: the simulated one, a vLLM one) implement it inside a
-Ray actor; nothing here assumes which.
+The fleet (``fleetledger.controller.ray_fleet``) calls an engine's actor only through
+the methods declared here — never a method found by name or probed with ``hasattr`` —
+so an engine that implements this class is an engine the fleet can run, and a method
+the fleet starts calling is a method added here first. Four methods are required (is it
+alive, generate one completion, which weights does it hold, "you now hold version v"
+after a refit); three are optional, with defaults that say "this engine has nothing of
+the kind" (:class:`OptionalShardMethods` lists them): its base URL, its process id, the
+processes it started. Engines (``fleetledger.engines``: the simulated one, a vLLM one)
+implement it inside a Ray actor; nothing here assumes which.
 
 Every method is ``async`` on purpose: a Ray actor whose methods are coroutines runs them
 on one event loop, so a generation that hangs (a wedged engine) does not stop
@@ -13,8 +18,10 @@ can catch, and an engine must be able to show it.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleetledger.errors import FleetledgerError
 
@@ -45,6 +52,7 @@ __all__ = [
     "Generation",
     "GenerationRequest",
     "GenerationShard",
+    "OptionalShardMethods",
     "checked_weight_version",
 ]
 
@@ -95,6 +103,35 @@ class GenerationShard(ABC):
     @abstractmethod
     async def set_weight_version(self, version: int) -> int:
         """Told after a refit that included this shard completed; returns the version."""
+
+    # ── optional: the defaults say "nothing of the kind" ────────────────────
+
+    async def base_url(self) -> str | None:
+        """Where clients reach this engine (an OpenAI-compatible ``.../v1``), or ``None``
+        when it serves no HTTP. Asked at the start and of every replacement, so
+        ``replacement_loaded`` records where the new engine listens."""
+        return None
+
+    async def pid(self) -> int:
+        """The actor's process: what a SIGKILL or SIGSTOP of the whole shard hits."""
+        return os.getpid()
+
+    async def child_processes(self) -> list[dict[str, object]]:
+        """The processes the engine started beside its actor (a vLLM engine core), as
+        :class:`~fleetledger.shards.reaping.ProcessRecord` fields, asked once the actor is
+        ready: the fleet reaps them after killing the actor. None by default."""
+        return []
+
+
+class OptionalShardMethods(Protocol):
+    """The optional part of the contract, as a protocol: the methods
+    :class:`GenerationShard` implements with a default an engine may override."""
+
+    async def base_url(self) -> str | None: ...
+
+    async def pid(self) -> int: ...
+
+    async def child_processes(self) -> list[dict[str, object]]: ...
 
 
 def checked_weight_version(shard: int, held: int, version: int) -> int:

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from types import TracebackType
 
-from fleetledger.controller.failure_taxonomy import DeadlineExpired
+from fleetledger.adapters.failure_taxonomy import DeadlineExpired
 
 __all__ = ["Deadline", "DeadlineExpired", "RolloutDeadlines"]
 

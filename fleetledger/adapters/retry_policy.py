@@ -33,12 +33,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
 
-from fleetledger.controller.config import RolloutFailureConfig
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.failure_taxonomy import (
     Classification,
     FailureKind,
     classify_exception,
 )
+from fleetledger.config import RolloutFailureConfig
 from fleetledger.errors import FleetledgerError
 
 __all__ = [

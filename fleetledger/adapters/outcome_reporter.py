@@ -21,15 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetledger.controller.failure_taxonomy import (
+from fleetledger.adapters.failure_taxonomy import (
     Classification,
     FailureKind,
     classify_exception,
     classify_http_status,
 )
 from fleetledger.events.errors import AppendRejected
-from fleetledger.events.log import EventLog
 from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
+from fleetledger.store.log import EventLog
 
 __all__ = ["OutcomeReporter", "OutcomeWindow"]
 

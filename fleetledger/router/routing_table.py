@@ -1,4 +1,4 @@
-"""The router's membership, read from the ledger: who serves, at which URL, and whom to avoid.
+"""The router's routing table, read from the ledger: who serves, at which URL, and whom to avoid.
 
 Rules of this file, and why:
 
@@ -7,14 +7,14 @@ Rules of this file, and why:
   ``replacement_loaded``'s new URL) and loads the view before it serves, so a
   restarted router knows the true membership at once. Story: the reference's
   restarted router believed every backend served until the next push corrected it.
-- **A snapshot per poll.** :class:`Membership` is immutable and rebuilt after each
+- **A snapshot per poll.** :class:`RoutingTable` is immutable and rebuilt after each
   poll; the event loop only ever reads a finished snapshot, so a request never sees a
   half-folded view.
 - **Only HTTP(S) base URLs are routable.** A simulated shard records ``ray://...``;
   such a shard is skipped with one log line, never dialled.
-- **Selection is least outstanding**, ties to the lowest shard index, over the
-  routable shards that are not avoided (:func:`choose`). Story: static round-robin
-  kept sending ~1/N of the rollouts to a dead engine for the rest of the run.
+- **Selection is least outstanding** (:mod:`fleetledger.adapters.least_outstanding`,
+  the rule the adapters' selector uses too) over the routable shards that are not
+  avoided (:meth:`RoutingTable.candidates`).
 - **Avoidance, precisely** (:class:`Avoidance`): a backend whose call timed out or
   failed to connect is avoided from the moment of the failure. Call ``s`` the last seq
   the router had folded then. The avoidance is lifted when the router folds an event
@@ -31,17 +31,18 @@ Rules of this file, and why:
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import structlog
 
-from fleetledger.events.log import EventLog
 from fleetledger.projections.fleet_view import FleetView
+from fleetledger.queries.tail import Tail
 from fleetledger.queries.views import load_view
+from fleetledger.store.log import EventLog
 
-__all__ = ["Avoidance", "Backend", "Membership", "MembershipFollower", "choose", "origin_of"]
+__all__ = ["Avoidance", "Backend", "RoutingTable", "RoutingTableFollower", "origin_of"]
 
 _log = structlog.get_logger("fleetledger.router")
 
@@ -72,8 +73,9 @@ class Backend:
 
 
 @dataclass(frozen=True, slots=True)
-class Membership:
-    """The fleet at one seq of the run, as the router routes it."""
+class RoutingTable:
+    """The fleet at one seq of the run, as the router routes it (the ledger's membership
+    reduced to what routing needs: each shard's URL, whether it serves)."""
 
     run: str
     seq: int
@@ -91,21 +93,14 @@ class Membership:
     def url_of(self, shard: int) -> str:
         return self.backends[shard].base_url
 
-
-def choose(
-    backends: Sequence[Backend], in_flight: Mapping[int, int], avoided: Container[int]
-) -> Backend | None:
-    """The routable, not avoided backend with the fewest requests in flight; ties go to
-    the lowest shard index, so a choice is reproducible. ``None`` when there is none."""
-    best: Backend | None = None
-    best_key = (0, 0)
-    for backend in backends:
-        if not backend.routable or backend.shard in avoided:
-            continue
-        key = (in_flight.get(backend.shard, 0), backend.shard)
-        if best is None or key < best_key:
-            best, best_key = backend, key
-    return best
+    def candidates(self, avoided: Container[int]) -> Iterator[int]:
+        """The shards a request may go to: routable and not ``avoided``; none once the
+        run has ended."""
+        if self.ended is not None:
+            return
+        for backend in self.backends:
+            if backend.routable and backend.shard not in avoided:
+                yield backend.shard
 
 
 class Avoidance:
@@ -119,11 +114,11 @@ class Avoidance:
         """Avoid ``shard`` at ``base_url``; ``seq``: the last seq folded when it failed."""
         self._marks[shard] = (base_url, seq)
 
-    def lift(self, membership: Membership) -> list[int]:
-        """Lift every avoidance that ``membership`` has answered; returns those shards."""
+    def lift(self, table: RoutingTable) -> list[int]:
+        """Lift every avoidance that ``table`` has answered; returns those shards."""
         lifted = []
         for shard, (url, seq) in list(self._marks.items()):
-            if membership.url_of(shard) != url or membership.named_at[shard] > seq:
+            if table.url_of(shard) != url or table.named_at[shard] > seq:
                 del self._marks[shard]
                 lifted.append(shard)
         return lifted
@@ -133,32 +128,32 @@ class Avoidance:
         return frozenset(self._marks)
 
 
-class MembershipFollower:
-    """Folds one run's tail into :class:`Membership` snapshots. Blocking I/O: the router
+class RoutingTableFollower:
+    """Folds one run's tail into :class:`RoutingTable` snapshots. Blocking I/O: the router
     calls :meth:`poll` off its event loop. Not thread-safe; one caller at a time."""
 
     def __init__(self, log: EventLog, run: str) -> None:
         self.log = log
         self.run = run
         self._view: FleetView = load_view(log, run)
+        self._tail = Tail(log, run, self._view)
         self._named_at = [self._view.seq] * len(self._view.shards)
         self._unroutable_logged: set[tuple[int, str]] = set()
-        self.membership = self._snapshot()
+        self.table = self._snapshot()
 
-    def poll(self) -> Membership:
+    def poll(self) -> RoutingTable:
         """Fold whatever was appended since the last poll; returns the new snapshot."""
         view = self._view
-        for page in self.log.read_pages(self.run, view.seq):
-            for recorded in page:
-                view.apply(recorded)
-                for shard in recorded.event.shards_named():
-                    if 0 <= shard < len(self._named_at):
-                        self._named_at[shard] = recorded.seq
-        if view.seq != self.membership.seq:
-            self.membership = self._snapshot()
-        return self.membership
+        for recorded in self._tail.new():
+            view.apply(recorded)
+            for shard in recorded.event.shards_named():
+                if 0 <= shard < len(self._named_at):
+                    self._named_at[shard] = recorded.seq
+        if view.seq != self.table.seq:
+            self.table = self._snapshot()
+        return self.table
 
-    def _snapshot(self) -> Membership:
+    def _snapshot(self) -> RoutingTable:
         view = self._view
         backends = []
         for record in view.shards:
@@ -175,7 +170,7 @@ class MembershipFollower:
         ended = None
         if view.ended is not None:
             ended = f"at seq {view.ended.seq} ({view.ended.outcome}: {view.ended.cause})"
-        return Membership(
+        return RoutingTable(
             run=self.run,
             seq=view.seq,
             backends=tuple(backends),

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine
 
-from fleetledger.events.sqlite_file import sqlite_uri
+from fleetledger.store.urls import sqlite_uri
 
 
 def sqlite_engine(path: Path, params: dict[str, str]) -> Engine:
