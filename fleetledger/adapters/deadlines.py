@@ -66,7 +66,8 @@ class Deadline:
         tb: TracebackType | None,
     ) -> bool | None:
         timeout = self._timeout
-        assert timeout is not None and self._active, "__aexit__ without __aenter__"
+        if timeout is None or not self._active:
+            raise RuntimeError(f"{self.name} deadline: __aexit__ without __aenter__")
         self._active = False
         try:
             return await timeout.__aexit__(exc_type, exc, tb)

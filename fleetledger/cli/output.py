@@ -340,7 +340,7 @@ class FoldProgress:
         self._console: Console | None = None
         self._began = time.monotonic()
         self._progress: Progress | None = None
-        self._task: int | None = None
+        self._task = 0  # the progress bar's one task, once it is shown
 
     @property
     def console(self) -> Console:
@@ -376,7 +376,6 @@ class FoldProgress:
             )
             self._task = self._progress.add_task(self.label, total=total)
             self._progress.start()
-        assert self._task is not None
         self._progress.update(self._task, completed=done, total=total)
 
     def close(self) -> None:

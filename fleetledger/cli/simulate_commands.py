@@ -5,7 +5,7 @@
 
 import contextlib
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,6 +14,9 @@ from fleetledger.cli.ledger_commands import membership
 from fleetledger.cli.output import CommandLineError, say, write_json_lines
 from fleetledger.cli.replay_commands import replay
 from fleetledger.logs import configure_logging, structlog_ready
+
+if TYPE_CHECKING:
+    from fleetledger.simulate.spec import SimulationResult
 
 
 @app.command()
@@ -230,6 +233,12 @@ def simulate(
             raise CommandLineError(str(exc)) from None
         except OSError as exc:  # e.g. the metrics port is taken
             raise CommandLineError(f"simulate: {exc}") from None
+    _answer(result, db, as_json)
+
+
+def _answer(result: "SimulationResult", db: str | None, as_json: bool) -> None:
+    """The run's result on stdout (its membership and replay, or one JSON line); exit
+    status 1 when the run failed."""
     if as_json:
         write_json_lines(
             [

@@ -313,7 +313,8 @@ class _Driver:
         if fault.kind == "kill_controller":
             pid = self.controller_pid()
         else:
-            assert fault.shard is not None
+            if fault.shard is None:
+                raise ValueError(f"a {fault.kind} fault names no shard: {fault}")
             pid = self.follower.pid(
                 fault.shard, "engine_pid" if fault.kind == "kill_engine" else "pid"
             )
