@@ -228,7 +228,8 @@ def snapshot_imported(log: "EventLog", run: str) -> "FleetView":
     def save(seq: int, payload: str) -> None:
         log.save_snapshot(run, PROJECTION_VERSION, seq, payload)
 
-    final = fold_with_snapshots(log.read_pages(run, ids=False), save)
+    with paused_gc():  # the command's own bulk read: the fold of the whole imported run
+        final = fold_with_snapshots(log.read_pages(run, ids=False), save)
     save(final.seq, to_snapshot(final))  # a no-op where the cadence fell on the last seq
     return final
 

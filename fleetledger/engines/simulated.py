@@ -223,6 +223,10 @@ class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
             return
         name = f"shard-{self._index if index is None else index}.{what}"
         path = os.path.join(self._stage_dir, name)
+        if not os.path.isdir(self._stage_dir):
+            # The campaign's trial is over and its folder gone: a shard it froze was
+            # thawed at teardown and is finishing a push nobody watches any more.
+            return
         with open(f"{path}.{os.getpid()}", "w") as out:
             out.write(text)
         os.replace(f"{path}.{os.getpid()}", path)

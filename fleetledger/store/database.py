@@ -65,7 +65,8 @@ from fleetledger.events.errors import (
     first_line,
 )
 from fleetledger.logs import get_logger
-from fleetledger.store.postgres_session import waited_too_long
+from fleetledger.store.postgres import POSTGRES
+from fleetledger.store.postgres_session import PostgresReads, postgres_engine, waited_too_long
 from fleetledger.store.revisions import (
     check_known,
     check_readable,
@@ -73,7 +74,9 @@ from fleetledger.store.revisions import (
     migration_required,
     refuse_foreign,
     schema_state,
+    upgrade,
 )
+from fleetledger.store.sqlite import SQLITE
 from fleetledger.store.sqlite_file import (
     SqliteReads,
     check_readable_file,
@@ -144,13 +147,7 @@ class Database:
 
     def statements(self) -> Statements:
         """This backend's SQL, each statement beside the method that runs it."""
-        if self.backend == "sqlite":
-            from fleetledger.store.sqlite import SQLITE
-
-            return SQLITE
-        from fleetledger.store.postgres import POSTGRES
-
-        return POSTGRES
+        return SQLITE if self.backend == "sqlite" else POSTGRES
 
     @contextmanager
     def reading(self) -> Iterator[Any]:
@@ -267,8 +264,7 @@ def _open_sqlite_read(parsed: LedgerUrl, params: dict[str, str]) -> Database:
 def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
     from sqlalchemy.exc import DBAPIError
 
-    from fleetledger.store.revisions import upgrade
-    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
+    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal  # loads SQLAlchemy
 
     path = sqlite_path(parsed)
     # Built before the file is created: a bad driver argument is refused, leaving nothing.
@@ -310,8 +306,6 @@ def _open_sqlite_write(parsed: LedgerUrl, params: dict[str, str]) -> Database:
 
 
 def _open_postgres(parsed: LedgerUrl, mode: OpenMode) -> Database:
-    from fleetledger.store.postgres_session import PostgresReads, postgres_engine
-
     read_only = mode == "read"
     engine = postgres_engine(parsed, read_only=read_only)
     database = Database(parsed, "postgresql", PostgresReads(engine), engine, read_only=read_only)
@@ -340,9 +334,7 @@ def migrate(
     from alembic.util.exc import CommandError  # migrating is the one place alembic runs
     from sqlalchemy.exc import DBAPIError
 
-    from fleetledger.store.postgres_session import postgres_engine
-    from fleetledger.store.revisions import upgrade
-    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
+    from fleetledger.store.sqlite_engine import sqlite_engine, use_wal  # loads SQLAlchemy
 
     parsed = parse_db_url(resolve_db_url(url))
     where = display_url_of(parsed)

@@ -130,7 +130,8 @@ class EventLog:
         if writes is None:
             with self._writes_lock:
                 if self._writes is None:
-                    from fleetledger.store.write_connections import WriteConnections
+                    # A log that only reads never loads SQLAlchemy, which this imports.
+                    from fleetledger.store.write_connections import WriteConnections  # SQLAlchemy
 
                     self._writes = WriteConnections(self.database)
                 writes = self._writes
