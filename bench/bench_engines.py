@@ -147,7 +147,9 @@ def bench_detect(model: str, run_dir: str, db: str) -> None:
 
     def sig(method: str, number: signal.Signals) -> Callable[[], None]:
         def act() -> None:
-            pid = fleet.call(0, method, timeout_s=30)
+            handle = fleet.handle(0)
+            ask = handle.engine_pid if method == "engine_pid" else handle.pid
+            pid = ray.get(ask.remote(), timeout=30)
             if number is signal.SIGSTOP:
                 stopped.append(pid)
             os.kill(pid, number)

@@ -32,8 +32,8 @@ from click.testing import Result
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from fleetledger.events.errors import LedgerWriteError
 from fleetledger.store.database import migrate, open_database
+from fleetledger.store.errors import LedgerWriteError
 from fleetledger.store.log import EventLog
 from fleetledger.store.revisions import head_revision
 from tests.builders import probe_ok

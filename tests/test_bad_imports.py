@@ -41,13 +41,13 @@ from fleetledger.events.bundle import (
     read_bundle,
 )
 from fleetledger.events.codec import MAX_JSON_DEPTH, EventCodec
-from fleetledger.events.errors import EventIdConflict
 from fleetledger.events.models import (
     Event,
     RefitCompleted,
     RefitStarted,
     RestartRequested,
 )
+from fleetledger.store.errors import EventIdConflict
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli

@@ -29,16 +29,7 @@ from pydantic import ValidationError
 from sqlalchemy import create_engine, inspect, text
 from typer.testing import Result
 
-from fleetledger.events.errors import (
-    AppendRejected,
-    EventDecodeError,
-    LedgerError,
-    LedgerOpenError,
-    LedgerWriteError,
-    MigrationRequired,
-    UnknownRevision,
-    UnknownRun,
-)
+from fleetledger.events.errors import EventDecodeError, LedgerError
 from fleetledger.events.jsonl import export_lines
 from fleetledger.events.models import (
     Event,
@@ -49,6 +40,14 @@ from fleetledger.events.models import (
     RunEnded,
     RunStarted,
     ShardOutcomes,
+)
+from fleetledger.store.errors import (
+    AppendRejected,
+    LedgerOpenError,
+    LedgerWriteError,
+    MigrationRequired,
+    UnknownRevision,
+    UnknownRun,
 )
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from fleetledger.cli.output import OutputFileError, whole_file
-from fleetledger.events.errors import UnknownRun
 from fleetledger.events.models import FleetConfig, RunStarted
+from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed
 from tests.cli_support import invoke, run_cli

@@ -24,7 +24,6 @@ from fleetledger.adapters.deadlines import RolloutDeadlines
 from fleetledger.adapters.failure_taxonomy import (
     DeadlineExpired,
     GenerationUnavailable,
-    RolloutDataFailure,
 )
 from fleetledger.adapters.outcome_reporter import OutcomeReporter
 from fleetledger.adapters.retry_policy import RetryPolicy, RolloutCounters, run_rollout
@@ -35,7 +34,11 @@ from fleetledger.projections.fleet_view import fold_with_transitions
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.queries import RunReader, load_view
-from fleetledger.shards.contract import Generation, GenerationRequest
+from fleetledger.shards.contract import (
+    Generation,
+    GenerationRequest,
+    RolloutDataFailure,
+)
 from fleetledger.simulate import (
     Chaos,
     SimulationResult,

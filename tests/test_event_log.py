@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from fleetledger.events.errors import AppendRejected, UnknownRun
 from fleetledger.events.models import (
     ProbeRound,
     RefitStarted,
@@ -29,6 +28,7 @@ from fleetledger.events.models import (
     RunStarted,
 )
 from fleetledger.store.database import open_database
+from fleetledger.store.errors import AppendRejected, UnknownRun
 from fleetledger.store.log import EventLog
 from tests.builders import (
     dump_tables,

@@ -24,7 +24,6 @@ from fleetledger.adapters.failure_taxonomy import (
     FailureKind,
     GenerationUnavailable,
     NoHealthyShards,
-    RolloutDataFailure,
     cause_chain,
     classify_exception,
     classify_generation_failure,
@@ -32,6 +31,7 @@ from fleetledger.adapters.failure_taxonomy import (
     register_failure_type,
     wrap_generation_failure,
 )
+from fleetledger.shards.contract import RolloutDataFailure
 
 INFRA = FailureKind.INFRA
 DATA = FailureKind.DATA

@@ -24,7 +24,6 @@ from hypothesis.stateful import (
 )
 
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.errors import AppendRejected
 from fleetledger.events.models import (
     FailureCount,
     FleetConfig,
@@ -33,6 +32,7 @@ from fleetledger.events.models import (
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ABSENT, SERVING, Input, ShardState, Transition
 from fleetledger.queries import load_view
+from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.legacy_rows import insert_old_rows, probe_failed_v1, probe_ok_v1

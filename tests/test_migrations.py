@@ -17,9 +17,9 @@ from alembic import command
 from sqlalchemy import Engine, create_engine, inspect, text
 
 from fleetledger.events.codec import EventCodec
-from fleetledger.events.errors import LedgerOpenError, MigrationRequired, UnknownRevision
 from fleetledger.events.models import ProbeFailure, ProbeRound, RunStarted
 from fleetledger.store.database import migrate, open_database
+from fleetledger.store.errors import LedgerOpenError, MigrationRequired, UnknownRevision
 from fleetledger.store.log import EventLog
 from fleetledger.store.revisions import VERSION_TABLE, alembic_config, head_revision
 from fleetledger.store.schema import metadata

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from fleetledger.adapters.failure_taxonomy import FailureKind
 from fleetledger.adapters.outcome_reporter import OutcomeReporter, OutcomeWindow
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.errors import AppendRejected
 from fleetledger.events.models import OutcomeWindowReported
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 

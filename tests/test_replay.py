@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from fleetledger.controller.demo import run_demo
 from fleetledger.controller.ledger import Ledger, ProbeResult
-from fleetledger.events.errors import LedgerError, UnknownRun
+from fleetledger.events.errors import LedgerError
 from fleetledger.events.ids import new_event_id
 from fleetledger.events.models import (
     FleetConfig,
@@ -52,6 +52,7 @@ from fleetledger.projections.history import (
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION
+from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
 from tests.cli_support import invoke, run_cli, run_with_a_terminal

@@ -20,7 +20,6 @@ from fleetledger.adapters.failure_taxonomy import (
     FailureKind,
     GenerationUnavailable,
     NoHealthyShards,
-    RolloutDataFailure,
 )
 from fleetledger.adapters.retry_policy import (
     Attempt,
@@ -33,6 +32,7 @@ from fleetledger.adapters.retry_policy import (
     gather_cancelling_siblings,
     run_rollout,
 )
+from fleetledger.shards.contract import RolloutDataFailure
 
 OK = object()
 

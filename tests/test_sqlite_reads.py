@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetledger.events.errors import LedgerReadError
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries.reader import RunReader
+from fleetledger.store.errors import LedgerReadError
 from fleetledger.store.log import EventLog
 from fleetledger.store.sqlite_file import SqliteReads
 from tests.builders import probe_failed, probe_ok, run_started

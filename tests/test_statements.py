@@ -25,7 +25,7 @@ def _row(run: str, seq: int) -> tuple[str, int, str, str, int, int, str]:
     return (run, seq, f"{run}-id-{seq}", "probe_round", 2, 1000 + seq, f'{{"id":"{run}-{seq}"}}')
 
 
-class Ledger:
+class OpenedStore:
     """An opened log, its backend's statements, and a way to run them in a write."""
 
     def __init__(self, log: EventLog) -> None:
@@ -41,16 +41,16 @@ class Ledger:
 
 
 @pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
+def ledger(ledger_url: str) -> Iterator[OpenedStore]:
     with EventLog.open(ledger_url) as log:
-        opened = Ledger(log)
+        opened = OpenedStore(log)
         try:
             yield opened
         finally:
             opened.close()
 
 
-def _store_run(ledger: Ledger, run: str = RUN, events: int = EVENTS) -> None:
+def _store_run(ledger: OpenedStore, run: str = RUN, events: int = EVENTS) -> None:
     sql = ledger.sql
 
     def body(conn: Any) -> None:
@@ -67,7 +67,7 @@ def test_every_backend_has_every_statement_of_the_log() -> None:
         assert wanted - set(vars(backend)) == set(), backend.__name__
 
 
-def test_an_insert_takes_rows_in_the_column_order_of_the_table(ledger: Ledger) -> None:
+def test_an_insert_takes_rows_in_the_column_order_of_the_table(ledger: OpenedStore) -> None:
     _store_run(ledger)
     with ledger.log.database.reading() as conn:
         (row,) = ledger.sql.page(conn, RUN, 2, 3)
@@ -79,7 +79,7 @@ def test_an_insert_takes_rows_in_the_column_order_of_the_table(ledger: Ledger) -
 
 
 def test_the_head_is_the_last_event_and_a_locked_read_of_it_says_the_same(
-    ledger: Ledger,
+    ledger: OpenedStore,
 ) -> None:
     _store_run(ledger)
     sql = ledger.sql
@@ -98,7 +98,7 @@ def test_the_head_is_the_last_event_and_a_locked_read_of_it_says_the_same(
         assert sql.last_event(conn, "no-such-run", lock=False) is None
 
 
-def test_a_page_is_the_rows_after_lo_up_to_hi_in_seq_order(ledger: Ledger) -> None:
+def test_a_page_is_the_rows_after_lo_up_to_hi_in_seq_order(ledger: OpenedStore) -> None:
     _store_run(ledger)
     sql = ledger.sql
     with ledger.log.database.reading() as conn:
@@ -114,7 +114,7 @@ def test_a_page_is_the_rows_after_lo_up_to_hi_in_seq_order(ledger: Ledger) -> No
     assert past_the_head == []
 
 
-def test_point_lookups_and_listings(ledger: Ledger) -> None:
+def test_point_lookups_and_listings(ledger: OpenedStore) -> None:
     for run in ("run-c", "run-a", "run-b"):
         _store_run(ledger, run, 3)
     sql = ledger.sql
@@ -135,7 +135,9 @@ def test_point_lookups_and_listings(ledger: Ledger) -> None:
 
 
 @pytest.mark.parametrize("count", [1, 2, 7])
-def test_a_lookup_of_ids_finds_the_stored_ones_among_any_number(ledger: Ledger, count: int) -> None:
+def test_a_lookup_of_ids_finds_the_stored_ones_among_any_number(
+    ledger: OpenedStore, count: int
+) -> None:
     _store_run(ledger, events=10)
     _store_run(ledger, "other-run", 10)
     asked = [f"{RUN}-id-{s}" for s in range(1, count + 1)] + ["never-stored"]
@@ -146,7 +148,7 @@ def test_a_lookup_of_ids_finds_the_stored_ones_among_any_number(ledger: Ledger, 
     )
 
 
-def test_the_newest_snapshot_at_or_before_a_seq_of_its_version(ledger: Ledger) -> None:
+def test_the_newest_snapshot_at_or_before_a_seq_of_its_version(ledger: OpenedStore) -> None:
     _store_run(ledger)
     sql = ledger.sql
 

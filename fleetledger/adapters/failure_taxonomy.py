@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fleetledger.errors import FleetledgerError
+from fleetledger.shards.contract import RolloutDataFailure, RolloutFailure
 
 __all__ = [
     "MAX_CAUSE_LINKS",
@@ -58,8 +59,6 @@ __all__ = [
     "FailureKind",
     "GenerationUnavailable",
     "NoHealthyShards",
-    "RolloutDataFailure",
-    "RolloutFailure",
     "cause_chain",
     "classify_exception",
     "classify_generation_failure",
@@ -101,45 +100,8 @@ _INFRA = FailureKind.INFRA
 _DATA = FailureKind.DATA
 
 
-# --- our own failure vocabulary -------------------------------------------------------
-
-
-class RolloutFailure(FleetledgerError):
-    """A rollout attempt failed; carries the coordinates a raw traceback lacks.
-
-    Story: a bare generation traceback did not say which prompt or trajectory it
-    belonged to, so failures are raised typed, with shard/prompt/group attached.
-    """
-
-    default_reason = "rollout_failure"
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        reason: str | None = None,
-        shard: int | str | None = None,
-        prompt_id: object = None,
-        group_id: object = None,
-    ) -> None:
-        super().__init__(message)
-        self.reason = reason or self.default_reason
-        self.shard = shard
-        self.prompt_id = prompt_id
-        self.group_id = group_id
-
-    def __str__(self) -> str:
-        coords = [
-            f"{name}={value}"
-            for name, value in (
-                ("shard", self.shard),
-                ("prompt", self.prompt_id),
-                ("group", self.group_id),
-            )
-            if value is not None
-        ]
-        base = super().__str__()
-        return f"{base} [{' '.join(coords)}]" if coords else base
+# --- our own failure vocabulary (RolloutFailure and RolloutDataFailure, which an engine
+# raises, are the shard contract's: ``fleetledger.shards.contract``) ----------------
 
 
 class GenerationUnavailable(RolloutFailure):
@@ -156,15 +118,6 @@ class NoHealthyShards(GenerationUnavailable):
     """Infrastructure: nothing is serving right now (e.g. mid-recovery); back off, retry."""
 
     default_reason = "no_healthy_shards"
-
-
-class RolloutDataFailure(RolloutFailure):
-    """Data: the failure is the prompt's own; another shard would fail identically.
-
-    Raising it explicitly always wins over any infrastructure error in the chain.
-    """
-
-    default_reason = "data_failure"
 
 
 class DeadlineExpired(FleetledgerError, TimeoutError):

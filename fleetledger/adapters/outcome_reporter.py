@@ -27,8 +27,8 @@ from fleetledger.adapters.failure_taxonomy import (
     classify_exception,
     classify_http_status,
 )
-from fleetledger.events.errors import AppendRejected
 from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
+from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
 
 __all__ = ["OutcomeReporter", "OutcomeWindow"]

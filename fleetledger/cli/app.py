@@ -170,7 +170,7 @@ def open_log(db: str | None, *, mode: OpenMode) -> Iterator[EventLog]:
     """The command's ledger: ``mode="read"`` for the commands that only look (the ledger
     is opened read-only: never created, upgraded or written), ``"write"`` for those that
     append (a new SQLite ledger may be created, an older one is upgraded, and says so)."""
-    from fleetledger.events.errors import LedgerWriteError
+    from fleetledger.store.errors import LedgerWriteError
     from fleetledger.store.log import EventLog
 
     log = EventLog.open(db, mode=mode)

@@ -25,8 +25,8 @@ from fleetledger.cli.output import (
     write_json_lines,
 )
 from fleetledger.cli.paused_gc import paused_gc
-from fleetledger.events.errors import AppendRejected
 from fleetledger.logs import structlog_ready
+from fleetledger.store.errors import AppendRejected
 
 if TYPE_CHECKING:
     from fleetledger.projections.fleet_view import FleetView

@@ -263,9 +263,11 @@ class RayShardFleet:
         try:
             records = ray.get(handle.child_processes.remote(), timeout=timeout_s)
         except Exception as exc:
-            raise ShardSpawnError(
-                f"shard {shard}: did not tell its engine processes: {death_text(exc)}"
-            ) from exc
+            # The actor answered its probe: it is up. A failure here (it froze, or died,
+            # right after) is the probes' business, not a failed start — only its
+            # engine processes go unrecorded, so a later kill cannot reap them.
+            _log.warning("engine processes not recorded", shard=shard, problem=death_text(exc))
+            return
         with self._lock:
             self._processes[shard] = tuple(ProcessRecord(**r) for r in records)
 

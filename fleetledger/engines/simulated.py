@@ -17,11 +17,11 @@ from typing import Any, Literal
 import ray
 from ray.actor import ActorHandle
 
-from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
 from fleetledger.shards.contract import (
     Generation,
     GenerationRequest,
     GenerationShard,
+    RolloutDataFailure,
     checked_weight_version,
 )
 from fleetledger.shards.naming import ShardFactory, shard_actor_name
@@ -208,6 +208,7 @@ class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
         **engine: Any,
     ) -> None:
         self._stage_dir = stage_dir
+        self._told = False  # whether a stage or pid file was written: the folder existed
         self._tell("pid", str(os.getpid()), index)
         if reload_s < 0 or startup_s < 0:
             raise ValueError(f"reload_s and startup_s must be >= 0, got {reload_s}, {startup_s}")
@@ -223,12 +224,16 @@ class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
             return
         name = f"shard-{self._index if index is None else index}.{what}"
         path = os.path.join(self._stage_dir, name)
-        if not os.path.isdir(self._stage_dir):
+        try:
+            with open(f"{path}.{os.getpid()}", "w") as out:
+                out.write(text)
+        except FileNotFoundError:
+            if not self._told:
+                raise  # the folder never existed: a wrong stage_dir, said at once
             # The campaign's trial is over and its folder gone: a shard it froze was
             # thawed at teardown and is finishing a push nobody watches any more.
             return
-        with open(f"{path}.{os.getpid()}", "w") as out:
-            out.write(text)
+        self._told = True
         os.replace(f"{path}.{os.getpid()}", path)
 
     def _enter(self, stage: str) -> None:

@@ -20,8 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
-from fleetledger.shards.contract import Generation, GenerationRequest
+from fleetledger.shards.contract import Generation, GenerationRequest, RolloutDataFailure
 
 __all__ = ["MODEL_NAME", "simulated_app"]
 

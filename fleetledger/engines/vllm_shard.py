@@ -41,13 +41,13 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
-from fleetledger.adapters.failure_taxonomy import RolloutDataFailure
 from fleetledger.engines.models import cache_dir
 from fleetledger.shards.contract import (
     EngineDead,
     Generation,
     GenerationRequest,
     GenerationShard,
+    RolloutDataFailure,
     checked_weight_version,
 )
 from fleetledger.shards.naming import ShardFactory, shard_actor_name

@@ -13,7 +13,9 @@ as it was when it was written.
 from alembic import context
 from sqlalchemy import create_engine
 
+from fleetledger.store.revisions import VERSION_TABLE
 from fleetledger.store.schema import metadata
+from fleetledger.store.urls import parse_db_url
 
 config = context.config
 
@@ -23,7 +25,7 @@ def _run(connection) -> None:
         connection=connection,
         target_metadata=metadata,
         render_as_batch=True,
-        version_table=config.get_main_option("version_table") or "fleetledger_alembic_version",
+        version_table=config.get_main_option("version_table") or VERSION_TABLE,
     )
     with context.begin_transaction():
         context.run_migrations()
@@ -33,7 +35,9 @@ connection = config.attributes.get("connection")
 if connection is not None:
     _run(connection)
 else:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    # The ``alembic`` command line's URL, read the way every ledger URL is read.
+    url = parse_db_url(config.get_main_option("sqlalchemy.url") or "")
+    engine = create_engine(url.sqlalchemy())
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

@@ -49,7 +49,7 @@ from fleetledger.adapters.least_outstanding import InFlight
 from fleetledger.adapters.outcome_reporter import OutcomeReporter
 from fleetledger.config import ControllerConfig, RouterConfig
 from fleetledger.errors import FleetledgerError
-from fleetledger.events.errors import AppendRejected, LedgerError
+from fleetledger.events.errors import LedgerError
 from fleetledger.router.listen import bind_listening, reserve_port
 from fleetledger.router.metrics import RouterMetrics
 from fleetledger.router.proxy import Forwarded, error_response, forward
@@ -59,6 +59,7 @@ from fleetledger.router.routing_table import (
     RoutingTable,
     RoutingTableFollower,
 )
+from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
 
 __all__ = ["ROUTES", "Router", "RouterError", "reserve_port"]
@@ -177,8 +178,7 @@ class Router:
     @property
     def routable(self) -> tuple[int, ...]:
         """Shards a request may go to now: serving, HTTP, not avoided."""
-        avoided = self.avoidance.avoided
-        return tuple(s for s in self._table.routable if s not in avoided)
+        return tuple(self._table.candidates(self.avoidance.avoided))
 
     def in_flight(self, shard: int) -> int:
         return self._in_flight.of(shard)

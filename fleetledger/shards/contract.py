@@ -53,8 +53,60 @@ __all__ = [
     "GenerationRequest",
     "GenerationShard",
     "OptionalShardMethods",
+    "RolloutDataFailure",
+    "RolloutFailure",
     "checked_weight_version",
 ]
+
+
+# ── what an engine raises besides EngineDead ───────────────────────────────────
+
+
+class RolloutFailure(FleetledgerError):
+    """A rollout attempt failed; carries the coordinates a raw traceback lacks.
+
+    Story: a bare generation traceback did not say which prompt or trajectory it
+    belonged to, so failures are raised typed, with shard/prompt/group attached.
+    """
+
+    default_reason = "rollout_failure"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        shard: int | str | None = None,
+        prompt_id: object = None,
+        group_id: object = None,
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason or self.default_reason
+        self.shard = shard
+        self.prompt_id = prompt_id
+        self.group_id = group_id
+
+    def __str__(self) -> str:
+        coords = [
+            f"{name}={value}"
+            for name, value in (
+                ("shard", self.shard),
+                ("prompt", self.prompt_id),
+                ("group", self.group_id),
+            )
+            if value is not None
+        ]
+        base = super().__str__()
+        return f"{base} [{' '.join(coords)}]" if coords else base
+
+
+class RolloutDataFailure(RolloutFailure):
+    """Data: the failure is the prompt's own; another shard would fail identically.
+
+    Raising it explicitly always wins over any infrastructure error in the chain.
+    """
+
+    default_reason = "data_failure"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,20 @@ so every party derives the same name without asking anyone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ray.actor import ActorHandle
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
-__all__ = ["ShardFactory", "shard_actor_name"]
+__all__ = ["ShardFactory", "actor_prefix", "shard_actor_name"]
 
-ShardFactory = Callable[[int], ActorHandle]
+ShardFactory = Callable[[int], "ActorHandle"]
 """Creates (and names) the actor for one shard index; used at start and for restarts."""
+
+
+def actor_prefix(run: str) -> str:
+    """The prefix of a run's actor names, as ``simulate`` and the campaign name them."""
+    return f"fleetledger-{run}"
 
 
 def shard_actor_name(prefix: str, shard: int) -> str:

@@ -40,7 +40,7 @@ from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.queries.tail import Tail
-from fleetledger.shards.naming import shard_actor_name
+from fleetledger.shards.naming import actor_prefix, shard_actor_name
 from fleetledger.simulate.chaos_plan import DEFAULT_SETTINGS, Fault, TrialPlan, TrialSettings
 from fleetledger.simulate.spec import SimulationSpec
 from fleetledger.store.log import EventLog
@@ -103,9 +103,12 @@ class _Follower:
                 return []
             self.view = fold(new)
             self._tail = Tail(self.log, self.run, self.view)
-        for recorded in self._tail.new():
-            self._tail.view.apply(recorded)
-            new.append(recorded)
+        try:
+            for recorded in self._tail.new():
+                self._tail.view.apply(recorded)
+                new.append(recorded)
+        except LedgerError:
+            pass  # a read that failed mid-way: what was folded counts, the rest comes next poll
         self.events += new
         return new
 
@@ -125,7 +128,7 @@ class _Follower:
         import ray
 
         try:
-            handle = ray.get_actor(shard_actor_name(f"fleetledger-{self.run}", shard))
+            handle = ray.get_actor(shard_actor_name(actor_prefix(self.run), shard))
             return ray.get(getattr(handle, method).remote(), timeout=2.0)
         except Exception:
             return None

@@ -25,13 +25,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fleetledger.events.errors import UnknownRun
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.queries.views import load_view
 from fleetledger.simulate.campaign import Injection, TrialOutcome, processes_left
+from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 
 __all__ = ["REFIT_AFTER_DEATH_BOUND_S", "Verdict", "judge", "judge_from_log"]

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 from ray.actor import ActorHandle
 
+from fleetledger.adapters.least_outstanding import InFlight
 from fleetledger.shards.contract import Generation, GenerationRequest
 
 __all__ = ["ROUTED", "SHARD_HEADER", "RoutedRollouts"]
@@ -50,15 +51,19 @@ class RoutedRollouts:
         self._client = openai.AsyncOpenAI(
             base_url=url, api_key="unused", max_retries=0, timeout=timeout_s or 600.0
         )
-        self.total_in_flight = 0
+        self._in_flight = InFlight()  # one "shard": the router, which chooses the real one
+
+    @property
+    def total_in_flight(self) -> int:
+        return self._in_flight.total
 
     @contextmanager
     def acquire(self) -> Iterator[int]:
-        self.total_in_flight += 1
+        self._in_flight.take((ROUTED,))
         try:
             yield ROUTED
         finally:
-            self.total_in_flight = max(0, self.total_in_flight - 1)
+            self._in_flight.release(ROUTED)
 
     async def generate(self, request: GenerationRequest) -> Generation:
         raw = await self._client.completions.with_raw_response.create(

@@ -25,7 +25,7 @@ from fleetledger.controller.fleet_controller import FleetController, TrainingPro
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.controller.refit_recovery import RefitCoordinator
-from fleetledger.shards.naming import shard_actor_name
+from fleetledger.shards.naming import actor_prefix, shard_actor_name
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
 from fleetledger.simulate.routed import RoutedRollouts
@@ -82,7 +82,7 @@ def wire(
     Runs inside a Ray cluster (``local_ray``). The controller is built, not started:
     the caller starts it once it holds the wiring its hooks read.
     """
-    prefix = f"fleetledger-{run}"
+    prefix = actor_prefix(run)
     with ExitStack() as teardown:
         engine = choose_engine(spec, prefix, teardown)
         fleet = RayShardFleet.spawn(

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fleetledger.events.errors import AppendRejected, UnknownRun
 from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted, shards_outside
+from fleetledger.store.errors import AppendRejected, UnknownRun
 
 # The events whose place in a run is fixed: the first, and the last.
 _BOUNDARIES = (RunStarted, RunEnded)

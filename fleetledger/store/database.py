@@ -57,14 +57,14 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from fleetledger.events.errors import (
+from fleetledger.events.errors import first_line
+from fleetledger.logs import get_logger
+from fleetledger.store.errors import (
     LedgerNotWritable,
     LedgerOpenError,
     LedgerReadError,
     LedgerWriteError,
-    first_line,
 )
-from fleetledger.logs import get_logger
 from fleetledger.store.postgres import POSTGRES
 from fleetledger.store.postgres_session import PostgresReads, postgres_engine, waited_too_long
 from fleetledger.store.revisions import (

@@ -36,15 +36,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from fleetledger.events.codec import EventCodec, StoredRow
-from fleetledger.events.errors import (
-    AppendRejected,
-    EventDecodeError,
-    EventIdConflict,
-    LedgerError,
-    LedgerWriteError,
-    RetryWithLookups,
-    UnknownRun,
-)
+from fleetledger.events.errors import EventDecodeError, LedgerError
 from fleetledger.events.models import (
     Event,
     FleetConfig,
@@ -55,6 +47,13 @@ from fleetledger.events.models import (
 )
 from fleetledger.store.batch_rules import check_batch, refuse_ids
 from fleetledger.store.database import Database, OpenMode, open_database
+from fleetledger.store.errors import (
+    AppendRejected,
+    EventIdConflict,
+    LedgerWriteError,
+    RetryWithLookups,
+    UnknownRun,
+)
 from fleetledger.store.records import RunHead, RunSummary, check_run_id
 from fleetledger.store.statements import Conn
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from fleetledger.events.errors import LedgerOpenError
+from fleetledger.store.errors import LedgerOpenError
 from fleetledger.store.urls import LedgerUrl, connect_timeout_of, postgres_connect
 
 if TYPE_CHECKING:

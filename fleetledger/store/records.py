@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fleetledger.events.errors import AppendRejected
 from fleetledger.events.models import FleetConfig
+from fleetledger.store.errors import AppendRejected
 
 MAX_RUN_ID_LENGTH = 128
 

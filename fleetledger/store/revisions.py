@@ -18,12 +18,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from sqlalchemy.engine import Connection
 
-from fleetledger.events.errors import (
-    LedgerOpenError,
-    MigrationRequired,
-    NoLedger,
-    UnknownRevision,
-)
+from fleetledger.store.errors import LedgerOpenError, MigrationRequired, NoLedger, UnknownRevision
 
 VERSION_TABLE = "fleetledger_alembic_version"
 LEDGER_TABLE_PREFIX = "fleetledger_"

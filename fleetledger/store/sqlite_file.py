@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetledger.events.errors import LedgerNotWritable, LedgerOpenError, LedgerReadError, NoLedger
+from fleetledger.store.errors import LedgerNotWritable, LedgerOpenError, LedgerReadError, NoLedger
 from fleetledger.store.urls import SQLITE_BUSY_TIMEOUT_MS, params_immutable, sqlite_uri
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlencode
 
-from fleetledger.events.errors import LedgerOpenError
+from fleetledger.store.errors import LedgerOpenError
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import URL

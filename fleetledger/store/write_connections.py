@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 
-from fleetledger.events.errors import LedgerWriteError, RetryWithLookups, first_line
+from fleetledger.events.errors import first_line
 from fleetledger.store.database import Database
+from fleetledger.store.errors import LedgerWriteError, RetryWithLookups
 from fleetledger.store.postgres_session import waited_too_long
 
 T = TypeVar("T")

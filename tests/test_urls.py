@@ -1,6 +1,6 @@
 """Database URLs are read without SQLAlchemy, and read as SQLAlchemy reads them.
 
-A read of a SQLite ledger never imports SQLAlchemy, so ``db_urls`` parses and renders
+A read of a SQLite ledger never imports SQLAlchemy, so ``store.urls`` parses and renders
 URLs itself; the engines of write opens and of PostgreSQL are built from the same URL.
 These properties hold the two readings together: the same parts (or both refuse),
 the same text when shown (password hidden or not), the same URL for an engine.
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from fleetledger.events.errors import LedgerOpenError
+from fleetledger.store.errors import LedgerOpenError
 from fleetledger.store.urls import parse_db_url, split_url
 
 SCHEMES = ["sqlite", "sqlite+pysqlite", "postgresql", "postgres", "postgresql+psycopg", "my_db"]
