@@ -280,10 +280,9 @@ class FleetView:
                 if seq == last_seq + 1 and recorded_run == run:
                     if type(event) is ProbeRound and not (event.failed or event.died):
                         # A round of successful probes of HEALTHY shards only: the rule
-                        # (``shard_states.count_probe_success``) inlined — its one
-                        # inlined copy, because this loop is most of a replay:
-                        # ``python bench/bench_fold.py``: 1M one-shard rounds fold in
-                        # 0.542 s inlined, 0.669 s calling the rule (1.23x).
+                        # (``shard_states.all_healthy_probes_ok``) inlined — its one
+                        # inlined copy, because this loop is most of a replay
+                        # (``python bench/bench_fold.py``; figures in bench/README.md).
                         ok = event.ok
                         for shard in ok:
                             if shard >= count or shards[shard].state is not healthy:
