@@ -54,34 +54,34 @@ def _inlined(view: FleetView, pages: Sequence[Sequence[RecordedEvent]]) -> None:
             pass
 
 
-_INLINED = """                        ok = event.ok
-                        for shard in ok:
-                            if shard >= count or shards[shard].state is not healthy:
-                                break
-                        else:
-                            for shard in ok:
-                                r = shards[shard]
-                                r.probe_failures = 0
-                                r.probe_evidence = ()
-                                r.probe_successes += 1
-                                r.last_ok_at_us = at_us
-                            last_seq, last_at = seq, at_us
-                            continue
+_CALLED = """if all_healthy_probes_ok(shards, event.ok, at_us):
+    last_seq, last_at = seq, at_us
+    continue
 """
-_CALLED = """                        if all_healthy_probes_ok(shards, event.ok, at_us):
-                            last_seq, last_at = seq, at_us
-                            continue
-"""
+
+
+def _inlined_block(lines: list[str]) -> tuple[int, int]:
+    """(first, past-last) line of the inlined rule in ``apply_page``'s source: from
+    ``ok = event.ok`` to the first ``continue`` after it. Found, not copied here, so the
+    bench measures whatever the fold holds."""
+    starts = [i for i, line in enumerate(lines) if line.strip() == "ok = event.ok"]
+    if len(starts) != 1:
+        raise SystemExit("bench_fold: apply_page no longer holds the inlined rule; update me")
+    first = starts[0]
+    for i in range(first, len(lines)):
+        if lines[i].strip() == "continue":
+            return first, i + 1
+    raise SystemExit("bench_fold: the inlined rule has no `continue`; update me")
 
 
 def _apply_page_calling_the_rule() -> Callable[..., object]:
     """``FleetView.apply_page`` compiled again from its own source with the inlined copy
     replaced by a call of the rule: the same code but for that one difference."""
-    source = textwrap.dedent(inspect.getsource(FleetView.apply_page))
-    inlined, called = (textwrap.indent(textwrap.dedent(s), " " * 20) for s in (_INLINED, _CALLED))
-    if inlined not in source:
-        raise SystemExit("bench_fold: apply_page no longer holds the inlined rule; update me")
-    source = source.replace(inlined, called)
+    lines = textwrap.dedent(inspect.getsource(FleetView.apply_page)).splitlines(keepends=True)
+    first, past = _inlined_block(lines)
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+    called = textwrap.indent(_CALLED, indent).splitlines(keepends=True)
+    source = "".join(lines[:first] + called + lines[past:])
     namespace = dict(vars(fleet_view))
     namespace["all_healthy_probes_ok"] = all_healthy_probes_ok
     exec(compile(source, "<apply_page calling the rule>", "exec"), namespace)
@@ -110,8 +110,20 @@ def _once(
     return time.perf_counter() - started
 
 
+def _same_fold(pages: list[list[RecordedEvent]]) -> None:
+    """Both ways fold the run to the same view, or the comparison means nothing."""
+    views = []
+    for fold in (_inlined, _through_the_function):
+        view = FleetView.start(pages[0][0])
+        fold(view, [pages[0][1:], *pages[1:]])
+        views.append(view)
+    if views[0] != views[1]:
+        raise SystemExit("bench_fold: the two folds disagree; the substitution is wrong")
+
+
 def main() -> None:
     pages = _run()
+    _same_fold(pages[:50])
     # Interleaved, best of each: a machine busy with something else slows both alike.
     inlined, called = [], []
     for _ in range(ROUNDS):

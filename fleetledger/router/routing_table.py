@@ -84,12 +84,6 @@ class RoutingTable:
     counts: Mapping[str, int]
     ended: str | None = None  # "at seq N (outcome: cause)" once the run has ended
 
-    @property
-    def routable(self) -> tuple[int, ...]:
-        if self.ended is not None:
-            return ()
-        return tuple(b.shard for b in self.backends if b.routable)
-
     def url_of(self, shard: int) -> str:
         return self.backends[shard].base_url
 
