@@ -241,6 +241,51 @@ def test_abort_releases_the_survivors_parked_in_a_push_and_the_rebuild_works(ray
         fleet.close()
 
 
+def test_an_abort_gives_up_a_build_in_progress_and_the_next_build_works(fleet, ledger):
+    """A member frozen as a build begins parks it (the membership call never returns);
+    an abort from another thread — the coordinator's, when the ledger records the member
+    dead — ends it at once as an abort, not a silent member at the end of the bound."""
+    _reconcile(fleet, ledger)
+    os.kill(fleet.pids[2], signal.SIGSTOP)
+    with ThreadPoolExecutor(1) as pool:
+        build = pool.submit(fleet.sync.reconcile, ledger.view.absent, force=True)
+        deadline = time.monotonic() + 60
+        while fleet.sync.building is None:
+            assert time.monotonic() < deadline and not build.done(), "the build never began"
+            time.sleep(0.01)
+        fleet.sync.abort(gone={2})
+        with pytest.raises(RefitFailed) as failed:
+            build.result(timeout=60)
+    assert failed.value.kind is RefitFailureKind.ABORTED
+    assert (failed.value.stage, failed.value.silent) == ("membership", {})
+    assert (fleet.sync.building, fleet.sync.built_layout) == (None, None)
+    os.kill(fleet.pids[2], signal.SIGCONT)
+    assert _reconcile(fleet, ledger) is ReconcileOutcome.REBUILT
+    expected = fleet.step(1)
+    assert fleet.sync.push(1).checksum == expected
+
+
+def test_a_rendezvous_completing_after_its_build_was_aborted_is_not_installed(fleet, ledger):
+    """The members are told the build was aborted while its rendezvous runs; when it
+    completes after all, every member refuses it and keeps the communicator it had."""
+    _reconcile(fleet, ledger)
+    build, layout = fleet.sync.builds + 1, fleet.sync.built_layout
+    members = [fleet.trainer, *fleet.workers]
+    ray.get([w.refit_membership.remote(build, layout.as_dict()) for w in fleet.workers])
+    port = ray.get(fleet.trainer.refit_open_store.remote(layout.world_size, 60.0), timeout=60)
+    aborted = ray.get([m.refit_abort.remote(build, port) for m in members], timeout=60)
+    assert [a["aborted"] for a in aborted] == [False] * len(members)  # not theirs yet
+    joins = [
+        m.refit_join.remote(build, port, layout.world_size, rank, 60.0, 3.0)
+        for rank, m in enumerate(members)
+    ]
+    for join in joins:
+        with pytest.raises(Exception, match="completed after it was aborted: not installed"):
+            ray.get(join, timeout=120)
+    expected = fleet.step(1)
+    assert fleet.sync.push(1).checksum == expected  # the communicator they had still works
+
+
 def test_a_late_abort_of_an_old_build_leaves_the_new_communicator_alone(fleet, ledger):
     _reconcile(fleet, ledger)
     old_build = fleet.sync.builds

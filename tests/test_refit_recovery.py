@@ -10,7 +10,6 @@ default refit timeout (300 s) assert on the recorded events and their order; the
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import threading
@@ -454,14 +453,75 @@ def test_a_death_the_push_saw_is_never_recorded_against_a_replacement(ledger):
         grace_s=1.0,
         probe_timeout_s=0.5,
     )
-    with contextlib.suppress(RunFailed):
-        coordinator.refit(1)
+    outcome = coordinator.refit(1)
     loaded = next(
         r.seq for r in ledger.log.read(ledger.run, 1) if r.event.type == "replacement_loaded"
     )
     after = [r.event for r in ledger.log.read(ledger.run, loaded)]
     assert not any(e.type == "actor_death_confirmed" and e.shard == 1 for e in after)
     assert ledger.view.state_of(1) is not ShardState.DEAD
+    # Back (STALE) before the recovery looked, it was still replaced: the round's failure
+    # is explained, nobody is condemned, and the retry re-admits the replacement.
+    assert outcome.recovered and outcome.condemned is None
+    assert not {"silent_participant_condemned", "condemnation_refused"} & {e.type for e in after}
+    assert outcome.participants == (0, 1, 2) and ledger.view.state_of(1) is ShardState.HEALTHY
+
+
+class _BuildParksUntilAborted(WeightSynchronizer):
+    """The first build parks as a rendezvous does on a frozen member, until an abort
+    gives it up; the next build and every push succeed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given_up = threading.Event()
+        self.builds = 0
+
+    def reconcile(self, absent, *, force=False) -> ReconcileOutcome:
+        self.builds += 1
+        if self.builds == 1:
+            self.given_up.wait(HANG_GUARD_S)
+            raise RefitFailed("build", detail="given up", kind=RefitFailureKind.ABORTED)
+        return ReconcileOutcome.REBUILT
+
+    def push(self, version) -> PushReport:
+        return PushReport(version, 1, 0, "", 0.0)
+
+    def abort(self, *, gone=()) -> AbortReport:
+        self.given_up.set()
+        return AbortReport()
+
+
+def test_a_stale_participant_frozen_during_the_build_is_found_by_its_probes(ledger):
+    """The pump does not probe a STALE shard, so nothing records the re-admitted
+    replacement frozen; the waiting refit probes it itself, gives the build up after
+    unhealthy_threshold failures naming it silent, and the recovery condemns it."""
+    ledger.actor_died(1, "ActorDiedError: killed")
+    ledger.restart_requested(1)
+    ledger.replacement_loaded(1)
+    frozen = _Answers({1: ProbeResult("timeout", "no answer within 0.5s")})
+    coordinator = RefitCoordinator(
+        ledger,
+        _BuildParksUntilAborted(),
+        frozen,
+        refit_timeout_s=1.0,
+        grace_s=1.0,
+        probe_timeout_s=0.5,
+        watch_interval_s=0.01,
+        stale_probe_interval_s=0.01,
+    )
+    head = ledger.log.head(ledger.run)
+    outcome = coordinator.refit(1)
+    assert outcome.recovered and outcome.condemned == 1 and outcome.participants == (0, 2)
+    (aborted,) = [
+        r.event for r in ledger.log.read(ledger.run, head) if r.event.type == "refit_aborted"
+    ]
+    assert aborted.reason.startswith("RefitFailed: refit build failed — silent: shard 1: 3 ")
+    assert "consecutive failed probes while STALE ≥ unhealthy_threshold 3" in aborted.reason
+    # The watch's own probes were never folded: the recovery's round is the one recorded.
+    rounds = [r.event for r in ledger.log.read(ledger.run, head) if r.event.type == "probe_round"]
+    assert len(rounds) == 1
+    assert ledger.view.state_of(1) is ShardState.DEAD
+    assert {ledger.view.state_of(s) for s in (0, 2)} == {ShardState.HEALTHY}
 
 
 def _integers(ledger: Ledger) -> tuple[int, int]:
@@ -540,14 +600,7 @@ def test_a_kill_mid_push_at_the_default_timeout_aborts_as_soon_as_the_death_is_r
     fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s)
     stop = threading.Event()
     try:
-        coordinator = RefitCoordinator(
-            ledger,
-            fleet.sync,
-            fleet.prober(),
-            refit_timeout_s=DEFAULTS.refit_timeout_s,
-            grace_s=DEFAULTS.grace_s,
-            probe_timeout_s=1.0,
-        )
+        coordinator = _default_coordinator(fleet, ledger)
         fleet.sync.reconcile(ledger.view.absent)
         expected = fleet.step(1)
         head = ledger.log.head(ledger.run)
@@ -566,6 +619,41 @@ def test_a_kill_mid_push_at_the_default_timeout_aborts_as_soon_as_the_death_is_r
         # And the fleet carries on: the next step's refit over the smaller world.
         expected = fleet.step(2)
         assert coordinator.refit(2).participants == (0, 2)
+        assert _checksums(fleet, (0, 2)) == {expected}
+    finally:
+        stop.set()
+        fleet.close()
+
+
+def test_a_participant_recorded_dead_during_the_build_gives_the_build_up_at_once(
+    ray_cluster, ledger
+):
+    """A shard frozen as the first build begins parks it: its membership call would be
+    waited for refit_timeout_s + grace_s (360 s by default). The probe pump records it
+    dead; the coordinator, watching the build as it watches a push, gives the build up
+    naming that death, and recovers over the survivors. Nothing was pushed: nobody's
+    weights are partial."""
+    fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s)
+    stop = threading.Event()
+    try:
+        coordinator = _default_coordinator(fleet, ledger)
+        os.kill(fleet.pids[1], signal.SIGSTOP)
+        expected = fleet.step(1)
+        _pump(fleet, ledger, stop)
+        with ThreadPoolExecutor(1) as pool:
+            outcome = pool.submit(coordinator.refit, 1).result(timeout=HANG_GUARD_S)
+        assert outcome.recovered and outcome.participants == (0, 2)
+        assert outcome.condemned is None
+        died_at = ledger.view.shards[1].since_seq
+        events = list(ledger.log.read(ledger.run, 1))
+        (abort,) = [r for r in events if r.event.type == "refit_aborted"]
+        assert died_at < abort.seq
+        assert f"shard 1 was recorded DEAD at seq {died_at} (" in abort.event.reason
+        assert "while refit v1's build was in flight" in abort.event.reason
+        (partial,) = [r.event for r in events if r.event.type == "weights_marked_partial"]
+        assert partial.shards == ()
+        assert ledger.view.state_of(1) is ShardState.DEAD
+        assert fleet.sync.built_layout == ledger.view.layout()
         assert _checksums(fleet, (0, 2)) == {expected}
     finally:
         stop.set()

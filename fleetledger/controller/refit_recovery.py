@@ -5,10 +5,12 @@ rank blocks forever while every process looks healthy. So the refit is bounded, 
 when it fails the controller finds out who is gone before it rebuilds — probe now, mark
 partial, condemn a lone suspect, rebuild, retry once:
 
-1. reconcile the communicator with the ledger's absent set (not forced);
-2. ``refit_started``; push within ``refit_timeout_s + 2 × grace_s`` on a daemon thread (a
-   thread parked on a frozen actor must not hold up interpreter exit; ``None``: no
-   bound). While it waits, the coordinator folds the ledger's tail every
+1. ``refit_started``; reconcile the communicator with the ledger's absent set (not
+   forced; a build is bounded by the transport);
+2. push within ``refit_timeout_s + 2 × grace_s`` (``None``: no bound). The build and
+   the push each run on a daemon thread (a
+   thread parked on a frozen actor must not hold up interpreter exit). While either
+   waits, the coordinator folds the ledger's tail every
    ``watch_interval_s``: as soon as any writer — the probe pump, a rollout that saw the
    actor die, another process — records a participant of this refit DEAD (or absent at
    all), it aborts the communicator and recovers, the abort's reason naming the shard
@@ -26,7 +28,8 @@ partial, condemn a lone suspect, rebuild, retry once:
    - abort the old communicator (not waiting for a participant whose probe failed) and
      ``weights_marked_partial`` for the shards whose load of the version may have begun,
      as the members told the abort (every one that did not answer);
-   - if nothing is newly absent, the condemnation decision
+   - if no participant left since the round began (none newly absent, none replaced
+     — a shard restarted meanwhile may be back, STALE, already), the condemnation decision
      (``projections.decisions``) is recorded as it returns: the lone suspect condemned
      as the silent participant, or the refusal naming what was found and the end of the
      run; reconcile with force (after an abort the absent set can be unchanged while the
@@ -48,13 +51,14 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import structlog
 
 from fleetledger.adapters.failure_taxonomy import FailureKind, cause_chain, classify_exception
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import Prober
+from fleetledger.controller.stale_watch import StaleWatch
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import clip_text
@@ -83,6 +87,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("fleetledger.refit")
+
+T = TypeVar("T")
 
 DEFAULT_WATCH_INTERVAL_S = 0.25
 """How often a waiting push folds the ledger's tail for a participant's recorded death:
@@ -153,15 +159,24 @@ class RefitCoordinator:
         probe_timeout_s: float,
         recovering: Callable[[], AbstractContextManager[None]] | None = None,
         watch_interval_s: float | None = DEFAULT_WATCH_INTERVAL_S,
+        stale_probe_interval_s: float | None = None,
     ) -> None:
         """``refit_timeout_s=None``: a push is waited for without a bound (still aborted
-        by a recorded death). ``watch_interval_s``: how often a waiting push looks for a
-        participant's recorded death; ``None`` turns the watch off (the push is then
-        waited for until it fails or the bound expires — what the bench compares)."""
+        by a recorded death). ``watch_interval_s``: how often a waiting build or push
+        looks for a participant's recorded death; ``None`` turns the watch off (it is
+        then waited for until it fails or the bound expires — what the bench compares).
+        ``stale_probe_interval_s``: how often a waiting refit probes its STALE
+        participants, which the probe pump does not (:mod:`.stale_watch`; give it the
+        pump's ``probe_interval_s``); ``None``: not probed — a frozen one is then found
+        at the transport's bound."""
         if refit_timeout_s is not None and refit_timeout_s <= 0:
             raise ValueError(f"refit_timeout_s must be > 0 or None, got {refit_timeout_s}")
-        if watch_interval_s is not None and watch_interval_s <= 0:
-            raise ValueError(f"watch_interval_s must be > 0 or None, got {watch_interval_s}")
+        for name, value in (
+            ("watch_interval_s", watch_interval_s),
+            ("stale_probe_interval_s", stale_probe_interval_s),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or None, got {value}")
         if not isinstance(sync, WeightSynchronizer):
             # The contract is a type, read by attribute, never guessed at by name.
             raise TypeError(
@@ -176,6 +191,7 @@ class RefitCoordinator:
         self.grace_s = grace_s
         self.probe_timeout_s = probe_timeout_s
         self.watch_interval_s = watch_interval_s
+        self.stale_probe_interval_s = stale_probe_interval_s
         self._recovering = recovering
         self.recoveries = 0
         # Each shard's incarnation (its restart count) when the refit began: a death
@@ -199,7 +215,7 @@ class RefitCoordinator:
         self._abort_report = AbortReport()
         self.ledger.refit_started(version, participants)
         try:
-            self._reconcile(absent, force=False)
+            self._reconcile(version, absent, participants, force=False)
             report = self._push_within(version, participants)
         except RunFailed:
             raise
@@ -215,9 +231,19 @@ class RefitCoordinator:
             count = self.ledger.view.config.shard_count
         return absent, tuple(s for s in range(count) if s not in absent)
 
-    def _reconcile(self, absent: frozenset[int], *, force: bool) -> None:
-        """Reconcile, then check the transport built the ledger's layout (when it says)."""
-        self.sync.reconcile(absent, force=force)
+    def _reconcile(
+        self, version: int, absent: frozenset[int], participants: Sequence[int], *, force: bool
+    ) -> None:
+        """Reconcile, watched like the push (the transport bounds the build itself),
+        then check the transport built the ledger's layout (when it says).
+
+        Story: a survivor frozen as a re-admitting build began was recorded dead within
+        a second, but nothing watched the build, which waited for it until its restart
+        killed it; by then the replacement was loaded, and the recovery, seeing nothing
+        newly absent, ended the run with two healthy shards left."""
+        self._watched(
+            version, "build", lambda: self.sync.reconcile(absent, force=force), participants, None
+        )
         built = self.sync.built_layout
         if built is not None:
             expected = self.ledger.view.layout_for(absent)
@@ -228,25 +254,49 @@ class RefitCoordinator:
                 )
 
     def _push_within(self, version: int, participants: Sequence[int]) -> PushReport:
-        """``sync.push`` on a daemon thread, waited for at most timeout + 2 × grace, and
-        abandoned as soon as the ledger records one of ``participants`` absent.
+        """``sync.push``, waited for at most timeout + 2 × grace and abandoned as soon as
+        the ledger records one of ``participants`` absent.
 
         A transport bounds its own waits by timeout + grace; the second grace lets its
-        error, which names who failed, arrive before our "it never came back". Abandoning
-        the thread is safe: the communicator is aborted first (which releases every
-        member's parked collective), and the recovery rebuilds on fresh ones.
+        error, which names who failed, arrive before our "it never came back".
         """
         bound = None if self.refit_timeout_s is None else self.refit_timeout_s + 2 * self.grace_s
-        report: list[PushReport] = []
+        return self._watched(version, "push", lambda: self.sync.push(version), participants, bound)
+
+    def _watched(
+        self,
+        version: int,
+        stage: str,
+        call: Callable[[], T],
+        participants: Sequence[int],
+        bound: float | None,
+    ) -> T:
+        """``call`` on a daemon thread (a thread parked on a frozen actor must not hold up
+        interpreter exit), waited for at most ``bound`` (``None``: as long as it takes)
+        and given up as soon as the ledger records one of ``participants`` absent: the
+        communicator is aborted — which releases every member parked in it and makes a
+        build in progress give up — and the refit fails naming the shard.
+
+        Abandoning the thread is safe: the abort comes first, and the recovery rebuilds
+        on fresh communicators.
+        """
+        result: list[T] = []
         error: list[BaseException] = []
 
         def run() -> None:
             try:
-                report.append(self.sync.push(version))
+                result.append(call())
             except BaseException as exc:
                 error.append(exc)
 
-        thread = threading.Thread(target=run, name=f"refit-v{version}", daemon=True)
+        stale = StaleWatch.of(
+            self.ledger,
+            self.prober,
+            participants,
+            interval_s=self.stale_probe_interval_s,
+            timeout_s=self.probe_timeout_s,
+        )
+        thread = threading.Thread(target=run, name=f"refit-v{version}-{stage}", daemon=True)
         thread.start()
         deadline = None if bound is None else time.monotonic() + bound
         while True:
@@ -263,15 +313,18 @@ class RefitCoordinator:
                 continue  # the watch is off: only the bound ends the wait
             lost = self._recorded_absent(participants)
             if lost is not None:
-                raise self._abort_push(version, *lost)
+                raise self._abort_in_flight(version, stage, *lost)
+            silent = None if stale is None else stale.silent()
+            if silent is not None:
+                raise self._abort_on_silence(version, stage, *silent)
         if thread.is_alive():
             raise RefitTimedOut(
-                f"refit v{version} did not come back within refit_timeout_s + 2 × grace_s "
-                f"= {bound:g}s"
+                f"refit v{version}'s {stage} did not come back within "
+                f"refit_timeout_s + 2 × grace_s = {bound:g}s"
             )
         if error:
             raise error[0]
-        return report[0]
+        return result[0]
 
     def _recorded_absent(self, participants: Sequence[int]) -> tuple[int, int, str] | None:
         """(shard, seq, what) of the first participant the ledger now holds absent, after
@@ -291,31 +344,53 @@ class RefitCoordinator:
                     return shard, record.since_seq, what
         return None
 
-    def _abort_push(self, version: int, shard: int, seq: int, what: str) -> RefitFailed:
-        """Abort the communicator under a push whose participant was recorded absent; the
-        failure the recovery gets names the shard and the seq of its death."""
-        limit = (
-            "refit_timeout_s=None (unbounded)"
-            if self.refit_timeout_s is None
-            else f"refit_timeout_s={self.refit_timeout_s:g}"
-        )
+    def _abort_in_flight(
+        self, version: int, stage: str, shard: int, seq: int, what: str
+    ) -> RefitFailed:
+        """Abort the communicator under a build or push whose participant was recorded
+        absent; the failure the recovery gets names the shard and the seq of its death."""
+        if stage == "build":
+            limit = "the transport's build bound"
+        elif self.refit_timeout_s is None:
+            limit = "refit_timeout_s=None (unbounded)"
+        else:
+            limit = f"refit_timeout_s={self.refit_timeout_s:g}"
         detail = (
-            f"aborted: participant shard {shard} was recorded {what} while refit v{version} "
-            f"was in flight; not waiting out {limit}"
+            f"aborted: participant shard {shard} was recorded {what} while refit v{version}'s "
+            f"{stage} was in flight; not waiting out {limit}"
         )
         _log.warning(
             "refit aborted: a participant was recorded absent",
             run=self.ledger.run,
             version=version,
+            stage=stage,
             shard=shard,
             seq=seq,
         )
+        detail += self._abort_without(shard)
+        return RefitFailed(stage, detail=detail, kind=RefitFailureKind.ABORTED)
+
+    def _abort_on_silence(self, version: int, stage: str, shard: int, why: str) -> RefitFailed:
+        """Abort the communicator under a build or push whose STALE participant stopped
+        answering probes; the failure names it silent, as a transport would at its bound."""
+        _log.warning(
+            "refit aborted: a STALE participant stopped answering probes",
+            run=self.ledger.run,
+            version=version,
+            stage=stage,
+            shard=shard,
+        )
+        why += self._abort_without(shard)
+        return RefitFailed(stage, silent={Party.shard(shard): why}, kind=RefitFailureKind.TIMED_OUT)
+
+    def _abort_without(self, shard: int) -> str:
+        """Abort, not waiting for ``shard``; what went wrong with the abort ("": nothing)."""
         try:
             # Releases the survivors parked in the collective; the lost one is not waited for.
             self._abort(gone={shard})
         except Exception as exc:  # the recovery aborts again, and fails the run if it must
-            detail += f" (aborting the communicator failed: {type(exc).__name__}: {exc})"
-        return RefitFailed("push", detail=detail, kind=RefitFailureKind.ABORTED)
+            return f" (aborting the communicator failed: {type(exc).__name__}: {exc})"
+        return ""
 
     # ── recovery ────────────────────────────────────────────────────────────
 
@@ -386,7 +461,7 @@ class RefitCoordinator:
             # collective just hung, and a frozen participant fails it too (its membership
             # call never returns). The outcome is the same; the communicator is built
             # once, without the condemned shard.
-            if frozenset(self.ledger.view.absent) <= absent_before:
+            if not self._left_since(absent_before):
                 condemned = self._condemn_the_silent(version, reason, failed, unresponsive)
             absent, participants = self._snapshot()
             self._pushed_to = self.ledger.membership.restart_attempts
@@ -395,7 +470,7 @@ class RefitCoordinator:
                 # A rebuild that fails is a failed round like a failed push: a member
                 # frozen after the probe (two faults close together) is silent here, and
                 # the next round finds it (a deterministic failure still ends the run).
-                self._reconcile(absent, force=True)
+                self._reconcile(version, absent, participants, force=True)
                 self.ledger.refit_started(version, participants)
                 report = self._push_within(version, participants)
             except Exception as again:
@@ -409,6 +484,22 @@ class RefitCoordinator:
             self.ledger.refit_completed(version, participants)
             return RefitOutcome(
                 version, participants, recovered=True, condemned=condemned, push=report
+            )
+
+    def _left_since(self, absent_before: frozenset[int]) -> bool:
+        """Whether a participant left since the round began: recorded absent, or
+        replaced — its restart count moved, so it died and was restarted, and may be back
+        (STALE, not absent) by the time the recovery looks. Either way the round's
+        failure is explained, and nobody is condemned for it."""
+        with self.ledger.lock:
+            self.ledger.catch_up()
+            view = self.ledger.view
+            if not frozenset(view.absent) <= absent_before:
+                return True
+            return any(
+                record.restart_attempts > self._pushed_to[shard]
+                for shard, record in enumerate(view.shards)
+                if shard < len(self._pushed_to) and shard not in absent_before
             )
 
     def _judge(self, version: int, failure: BaseException, reason: str) -> RefitFailureDecision:

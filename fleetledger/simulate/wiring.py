@@ -165,6 +165,9 @@ def _drive(
         grace_s=refit.grace_s,
         probe_timeout_s=spec.config.fleet_health.probe_timeout_s,
         recovering=controller.watchdog.recovering,
+        stale_probe_interval_s=(
+            spec.config.fleet_health.probe_interval_s if spec.config.fleet_health.enabled else None
+        ),
     )
     return Wiring(
         run=run,

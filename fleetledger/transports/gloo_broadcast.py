@@ -26,9 +26,10 @@ settle window: no rebuild follows it, the run ends with it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -56,6 +57,9 @@ from fleetledger.weight_sync import (
 
 __all__ = ["GlooBroadcastSynchronizer"]
 
+CANCEL_POLL_S = 0.1
+"""How often a build in progress looks whether ``abort()`` gave it up."""
+
 ABORT_WAIT_S = 5.0
 """How long ``abort()`` waits for the members not known gone to acknowledge (it only sets
 a flag, answered on the member's event loop within milliseconds)."""
@@ -78,6 +82,17 @@ def _kind_of(exc: BaseException) -> RefitFailureKind:
     if isinstance(exc, TimeoutError):
         return RefitFailureKind.TIMED_OUT
     return RefitFailureKind.DETERMINISTIC
+
+
+@dataclass
+class _Build:
+    """A build in progress: what ``abort()`` must tell its members, and the flag that
+    makes the thread building it give up."""
+
+    build: int
+    layout: RankLayout
+    port: int | None = None  # rank 0's store, once opened: the build's identity on members
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +147,20 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         self.refit_timeout_s = refit_timeout_s
         self.grace_s = grace_s
         self.settle_s = _plus(refit_timeout_s, grace_s) if settle_s is None else settle_s
-        self.builds = 0
-        # The version of the last push into the current communicator: an abort asks each
-        # member whether its load of it had begun (None: nothing pushed into it).
+        self.builds = 0  # the build the current communicator is (0: none built yet)
+        self._numbered = 0  # the last build number handed out (a failed build uses one)
+        self._lock = threading.Lock()
+        self._building: _Build | None = None
+        # The version pushed in this refit: an abort asks each member whether its load of
+        # it had begun (None: nothing pushed since the last reconcile — a refit whose
+        # build failed pushed nothing, and every member still holds whole weights).
         self._pushing: int | None = None
+
+    @property
+    def building(self) -> int | None:
+        """The number of the build in progress (``None``: no reconcile running)."""
+        building = self._building
+        return None if building is None else building.build
 
     @property
     def dp_size(self) -> int:
@@ -172,12 +197,49 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         return members
 
     def reconcile(self, absent: Iterable[int], *, force: bool = False) -> ReconcileOutcome:
+        """Rebuild over the shards not ``absent`` unless the communicator already matches.
+
+        ``abort()`` from another thread gives up a build in progress: this call raises
+        (``ABORTED``) within ``CANCEL_POLL_S``, and the members are told, so a rendezvous
+        that completes afterwards is not installed. Story: a survivor frozen during a
+        re-admitting build was recorded dead within a second, but the build waited for
+        it until a restart killed it; by then its replacement was loaded, nothing looked
+        newly absent, and the recovery ended the run with two healthy shards left."""
         absent = frozenset(absent)
-        if not force and self.built_absent is not None and absent == self.built_absent:
-            self.skipped_rebuilds += 1
-            return ReconcileOutcome.UNCHANGED
         layout = self.layout_for(absent)  # "no surviving shards" propagates from here
-        build = self.builds + 1
+        with self._lock:
+            self._numbered += 1
+            building = self._building = _Build(self._numbered, layout)
+            self._pushing = None  # a new refit: nothing of it pushed yet
+        try:
+            if self._admit(absent, building.cancel):
+                force = True  # same absent set, a different process: the group is stale
+            if not force and self.built_absent is not None and absent == self.built_absent:
+                self.skipped_rebuilds += 1
+                return ReconcileOutcome.UNCHANGED
+            self._build(building)
+            with self._lock:
+                if building.cancel.is_set():
+                    raise RefitFailed(
+                        "build", detail="aborted while it was built", kind=RefitFailureKind.ABORTED
+                    )
+                # Recorded only now: a failed build leaves the record describing what exists.
+                self.builds = building.build
+                self.built_absent, self.built_layout = absent, layout
+                self.rebuilds += 1
+            return ReconcileOutcome.REBUILT
+        finally:
+            with self._lock:
+                if self._building is building:
+                    self._building = None
+
+    def _admit(self, absent: frozenset[int], cancel: threading.Event) -> bool:
+        """Before a reconcile: bring in members that changed (a restarted shard's new
+        workers). True when one did, which forces a rebuild. None changes here."""
+        return False
+
+    def _build(self, building: _Build) -> None:
+        build, layout = building.build, building.layout
         members = self._members(layout)
         # Telling the membership is a plain call: a frozen member is found within the
         # refit bound, not the (longer) rendezvous budget.
@@ -191,6 +253,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             },
             bound,
             "membership",
+            cancel=building.cancel,
         )
         bound = self.build_timeout_s + self.grace_s
         (port,) = self._gather(
@@ -201,7 +264,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             },
             bound,
             "store",
+            cancel=building.cancel,
         )
+        building.port = port
         self._gather(
             {
                 h.refit_join.remote(
@@ -217,12 +282,8 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
             },
             bound,
             "build",
+            cancel=building.cancel,
         )
-        # Recorded only now: a failed build leaves the record describing what exists.
-        self.builds, self._pushing = build, None
-        self.built_absent, self.built_layout = absent, layout
-        self.rebuilds += 1
-        return ReconcileOutcome.REBUILT
 
     # ── pushing ─────────────────────────────────────────────────────────────
 
@@ -276,13 +337,29 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
 
         Each member answers with the version whose load it last began: a shard all of
         whose workers answered with another version than the push's is untouched."""
-        layout, build = self.built_layout, self.builds
-        self.built_absent = self.built_layout = None
+        with self._lock:
+            building, self._building = self._building, None
+            layout, build = self.built_layout, self.builds
+            self.built_absent = self.built_layout = None
+        if building is not None:
+            self._give_up(building)
         if layout is None:
             # No communicator: nothing to tell. If nothing was pushed since the last
             # build (a first build that failed, say), no member can have begun a load.
             return AbortReport(frozenset(self._workers) if self._pushing is None else frozenset())
         return self._abort_members(layout, build, frozenset(gone))
+
+    def _give_up(self, building: _Build) -> None:
+        """Give up a build in progress: its thread raises, and every member is told, so
+        one whose rendezvous completes after all does not install the build (a member
+        parked in the rendezvous stays parked on its own thread until the rendezvous
+        budget; the next build joins on another). Not waited for: a member that never
+        got the join has nothing to refuse."""
+        building.cancel.set()
+        if building.port is None:
+            return  # no join was dispatched: nothing to refuse
+        for _, _, handle in self._members(building.layout):
+            handle.refit_abort.remote(building.build, building.port)
 
     def _abort_members(
         self, layout: RankLayout, build: int, gone: frozenset[int] = frozenset()
@@ -304,12 +381,14 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                 loading.setdefault(party.index, []).append(self._pushing)
                 continue
             loading.setdefault(party.index, []).append(said.get("loading"))
-        untouched = frozenset(
+        # A shard outside the layout received nothing through it; with nothing pushed
+        # since the build (a refit whose build failed), nobody did.
+        touched = {
             shard
             for shard, versions in loading.items()
-            if self._pushing is None or all(v != self._pushing for v in versions)
-        )
-        return AbortReport(untouched)
+            if self._pushing is not None and any(v == self._pushing for v in versions)
+        }
+        return AbortReport(frozenset(self._workers) - touched)
 
     # ── waiting ─────────────────────────────────────────────────────────────
 
@@ -320,6 +399,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         stage: str,
         *,
         on_deterministic: Callable[[], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> list[Any]:
         """Results in call order, or RefitFailed naming every party that did not deliver.
 
@@ -327,16 +407,24 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         finish: long enough for gloo survivors to hit their own timeout and leave the old
         group, which the rebuild needs. ``on_deterministic`` is called once, at the first
         deterministic failure (the push releases the others with it). ``bound=None``:
-        wait as long as it takes.
+        wait as long as it takes. ``cancel``: set by ``abort()``, it ends the wait with
+        an ``ABORTED`` failure within ``CANCEL_POLL_S``.
         """
         refs = list(calls)
         outcomes: dict[Any, _Outcome] = {}
         pending = list(refs)
         deadline = None if bound is None else time.monotonic() + bound
+        settling = ""  # the party whose failure cut the wait to the settle window
         while pending:
+            if cancel is not None and cancel.is_set():
+                raise RefitFailed(
+                    stage, detail="aborted by the controller", kind=RefitFailureKind.ABORTED
+                )
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 break
+            if cancel is not None:
+                left = CANCEL_POLL_S if left is None else min(left, CANCEL_POLL_S)
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             for ref in ready:
                 outcome = outcomes[ref] = self._outcome(ref)
@@ -345,14 +433,17 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                 # One failed: the others get settle_s from now, never more than bound.
                 if self.settle_s is not None:
                     settled = time.monotonic() + self.settle_s
-                    deadline = settled if deadline is None else min(deadline, settled)
+                    if deadline is None or settled < deadline:
+                        deadline, settling = settled, settling or str(calls[ref])
                 if outcome.kind is RefitFailureKind.DETERMINISTIC and on_deterministic:
                     on_deterministic()
                     on_deterministic = None
         error = RefitFailed(stage)
         kinds: list[RefitFailureKind] = []
         # Unbounded, a party is left pending only by the settle window (never unbounded then).
-        waited = f"{bound:g}s" if bound is not None else f"settle_s={self.settle_s}s"
+        waited = "the settle window" if bound is None else f"{bound:g}s"
+        if settling:
+            waited = f"settle_s={self.settle_s:g}s after {settling} failed"
         for ref in pending:
             error.silent[calls[ref]] = f"no answer within {waited}"
             kinds.append(RefitFailureKind.TIMED_OUT)

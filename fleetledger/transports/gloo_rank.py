@@ -247,6 +247,10 @@ class CommunicatorMember:
         self.build: int | None = None
         self.rank: int | None = None
         self.world_size: int | None = None
+        # Builds (number, store port) aborted while their rendezvous was still running:
+        # when such a join completes after all, its group is buried, never installed.
+        # The port too: a controller restarted over these members numbers from 1 again.
+        self._aborted_builds: set[tuple[int, int]] = set()
 
     # ── building ────────────────────────────────────────────────────────────
 
@@ -303,25 +307,43 @@ class CommunicatorMember:
         group.set_timeout(
             UNBOUNDED if collective_timeout_s is None else timedelta(seconds=collective_timeout_s)
         )
-        self._collective_timeout_s = collective_timeout_s
-        old, self._current = self._current, _Communicator(group, store)
+        joined = _Communicator(group, store)
         del group, store  # held by the communicator alone
-        self.build, self.rank, self.world_size = build, rank, world_size
+        with self._lock:
+            # Story: a build aborted mid-rendezvous (a participant recorded dead while
+            # the others waited for it) is followed at once by the next build; the old
+            # rendezvous may still complete afterwards and must not replace the new
+            # group, nor resurrect the build the controller gave up.
+            if (build, port) in self._aborted_builds:
+                self._aborted_builds.discard((build, port))
+                joined.aborted.set()
+                GRAVEYARD.bury(joined)
+                raise CollectiveAborted(
+                    f"build {build} completed after it was aborted: not installed"
+                )
+            self._collective_timeout_s = collective_timeout_s
+            old, self._current = self._current, joined
+            self.build, self.rank, self.world_size = build, rank, world_size
         if old is not None:
             old.aborted.set()  # a push still parked in the old group leaves it
             GRAVEYARD.bury(old)
         return {"build": build, "rank": rank, "world_size": world_size}
 
-    def abort(self, build: int | None = None) -> bool:
+    def abort(self, build: int | None = None, port: int | None = None) -> bool:
         """Abort the current group and release a push parked in it (the group goes to the
         graveyard, never dropped here). True if there was one.
 
         ``build``: abort only if the current group is that build — an abort that arrives
         late, after a newer build was joined, must not tear down the new communicator.
+        With ``port`` (its store's), an abort of a build not joined yet — its rendezvous
+        still running — refuses that join when it completes.
         """
-        if build is not None and build != self.build:
-            return False
-        old, self._current = self._current, None
+        with self._lock:
+            if build is not None and build != self.build:
+                if port is not None:
+                    self._aborted_builds.add((build, port))
+                return False
+            old, self._current = self._current, None
         if self.in_flight and self.rank != 0:
             # The orphaned receive stays parked inside gloo, writing into these buffers
             # if it ever completes: take fresh ones (the values are partial either way).

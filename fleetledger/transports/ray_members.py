@@ -128,13 +128,16 @@ class CommunicatorActor:
         a failed refit may leave them partial (what an abort reports)."""
         self._refit_loading = version
 
-    async def refit_abort(self, build: int | None = None) -> dict[str, Any]:
+    async def refit_abort(
+        self, build: int | None = None, port: int | None = None
+    ) -> dict[str, Any]:
         """Abort the group (only if it is ``build``, when given) and release a push parked
         in it; say whether it was aborted and which version's load this member last began
-        (``loading``: ``None``, never). On the event loop, not a thread: it only sets a
-        flag and hands the group to the graveyard, so it answers even while a collective
-        is parked."""
-        return {"aborted": self._member().abort(build), "loading": self._refit_loading}
+        (``loading``: ``None``, never). With ``port``, a join of that build still in its
+        rendezvous is refused when it completes. On the event loop, not a thread: it only
+        sets a flag and hands the group to the graveyard, so it answers even while a
+        collective is parked."""
+        return {"aborted": self._member().abort(build, port), "loading": self._refit_loading}
 
     async def refit_in_flight(self) -> int:
         """Pushes of this member still inside a collective (parked ones included)."""

@@ -20,14 +20,15 @@ it): transports do not import the controller.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import ray
 from ray.actor import ActorHandle
 
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
-from fleetledger.weight_sync import ReconcileOutcome
+from fleetledger.weight_sync import Party
 
 __all__ = ["IncarnatedFleet", "RestartAwareSynchronizer", "WeightsSpec"]
 
@@ -88,8 +89,12 @@ class RestartAwareSynchronizer(GlooBroadcastSynchronizer):
         incarnation has moved on since was the replaced actor's."""
         return self._joined.get(shard)
 
-    def reconcile(self, absent: Iterable[int], *, force: bool = False) -> ReconcileOutcome:
-        absent = frozenset(absent)
+    def _admit(self, absent: frozenset[int], cancel: threading.Event) -> bool:
+        """Allocate buffers on every present shard whose process changed since it joined,
+        and take its workers in; True when one did (the rebuild is then forced). A
+        replacement that does not answer fails the refit naming it, within the bound —
+        and within ``CANCEL_POLL_S`` of an abort."""
+        changed = False
         for shard in range(self.dp_size):
             if shard in absent:
                 continue
@@ -98,13 +103,15 @@ class RestartAwareSynchronizer(GlooBroadcastSynchronizer):
             if joined == current:
                 continue
             workers = list(self._workers_of(shard))
-            ray.get(
-                [w.refit_allocate.remote(self.weights_spec) for w in workers],
-                timeout=self.allocate_timeout_s,
+            self._gather(
+                {w.refit_allocate.remote(self.weights_spec): Party.shard(shard) for w in workers},
+                self.allocate_timeout_s,
+                "allocate",
+                cancel=cancel,
             )
             self.replace_shard(shard, workers)
             self._joined[shard] = current
             if joined is not None:
                 self.readmitted += 1
-                force = True  # same absent set, a different process: the group is stale
-        return super().reconcile(absent, force=force)
+                changed = True
+        return changed
