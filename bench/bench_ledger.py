@@ -82,7 +82,7 @@ from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.projections.snapshot import PROJECTION_VERSION, to_snapshot
 from fleetledger.queries import load_view
-from fleetledger.store.log import EventLog, wall_clock_us
+from fleetledger.store.log import DECODE_PAGE, EventLog, wall_clock_us
 from fleetledger.store.schema import events as events_table
 from fleetledger.store.schema import metadata, runs, snapshots
 from fleetledger.store.sqlite_engine import sqlite_engine, use_wal
@@ -802,16 +802,18 @@ def bench_replay(
             page = clocked(read_t, lambda: next(reader, None))
             if page is None:
                 break
-            decoded = clocked(decode_t, lambda page=page: log.codec.decode_rows(RUN, page))
-            for r in decoded:
-                mix[r.event.type] = mix.get(r.event.type, 0) + 1
-            while to_save and to_save[0] <= decoded[-1].seq:  # split the page there
-                cut = to_save.pop(0) - decoded[0].seq + 1
-                view = clocked(fold_t, lambda d=decoded[:cut], v=view: fold(d, into=v))
-                saved.append((view.seq, to_snapshot(view)))
-                decoded = decoded[cut:]
-            if decoded:
-                view = clocked(fold_t, lambda d=decoded, v=view: fold(d, into=v))
+            for start in range(0, len(page), DECODE_PAGE):  # decoded as log.read decodes
+                rows = page[start : start + DECODE_PAGE]
+                decoded = clocked(decode_t, lambda rows=rows: log.codec.decode_rows(RUN, rows))
+                for r in decoded:
+                    mix[r.event.type] = mix.get(r.event.type, 0) + 1
+                while to_save and to_save[0] <= decoded[-1].seq:  # split the page there
+                    cut = to_save.pop(0) - decoded[0].seq + 1
+                    view = clocked(fold_t, lambda d=decoded[:cut], v=view: fold(d, into=v))
+                    saved.append((view.seq, to_snapshot(view)))
+                    decoded = decoded[cut:]
+                if decoded:
+                    view = clocked(fold_t, lambda d=decoded, v=view: fold(d, into=v))
         assert view is not None and view.seq == head == n_events
         if to_snapshot(view) != reference:
             raise SystemExit("BUG in the benchmark: the split replay differs from the replay")
