@@ -65,14 +65,16 @@ if TYPE_CHECKING:
 PageReader = Callable[[Conn, str, int, int], list[Any]]
 T = TypeVar("T")
 READ_PAGE = 20_000
-DECODE_PAGE = 256
+DECODE_PAGE = 64
 """Rows decoded at a time when reading. Story: the structure change took the garbage
 collector's pause out of the library's read (it paused collection for every thread of a
-live controller), and a replay of a million events slowed from 9.9 s to 13.5 s: a
-20,000-row page decoded at once outlived two young collections, so every page was
-promoted to the oldest generation and each full collection walked them all. A page of
-256 rows (~770 tracked objects: the event, its field dict, the recorded tuple) is
-folded before a young collection promotes it."""
+live controller), and a replay of a million events slowed by a third: a 20,000-row page
+decoded at once (three tracked objects an event: the event, its field dict, the recorded
+tuple) outlived the young collections, so every page was promoted to the oldest
+generation and each full collection walked it. Measured on the bench's million-event run
+(``fold(log.read(run))``, best of 3): 20,000 rows a page 6.40 s, 1,024 5.28 s, 256
+4.73 s, 64 4.17–4.31 s, 16 4.16 s; with collection off 3.43 s. A page of 64 is folded
+before a young collection promotes it."""
 # Ids looked up per statement: well under SQLite's bind-parameter limit (one ``?`` each;
 # PostgreSQL takes them as one array).
 LOOKUP_CHUNK = 10_000
