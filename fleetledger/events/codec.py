@@ -46,9 +46,9 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {**PROBE_V1_UPCASTERS}
 StoredRow = tuple[int, int, str, str, int, str]
 # The same for a fold, without the id: (seq, at_us, type, schema_version, payload).
 ContentRow = tuple[int, int, str, int, str]
-# Distinct payloads a codec keeps decoded (see ``EventCodec.decode_rows``): a long run
-# repeats a handful (a probe of each shard, a healthy round); a run of all-distinct
-# payloads (adapter windows) empties it when full and decodes them one by one.
+# Repeated payloads a codec keeps decoded (see ``EventCodec.decode_rows``): a long run
+# repeats a handful (a probe of each shard, a healthy round); a payload seen once (an
+# adapter window) is not kept, and a run of many distinct repeats empties it when full.
 TEMPLATE_CACHE_SIZE = 4096
 _ID_OPENING = '{"id":"'
 # The row type and version a cached payload was read as, and its event without an id.
@@ -204,9 +204,9 @@ class EventCodec:
         for type_, version in self._upcasters:
             if type_ not in self._types:
                 self._lifted[type_] = max(version, self._lifted.get(type_, version))
-        self._templates: dict[
-            tuple[str, int, str], tuple[type[Event], dict[str, Any], set[str]]
-        ] = {}
+        self._templates: dict[str, _Template] = {}
+        # Payloads decoded once and not cached (yet): see ``_remember``.
+        self._seen_once: set[str] = set()
 
     @property
     def types(self) -> Mapping[str, type[Event]]:
@@ -331,7 +331,8 @@ class EventCodec:
         return f"a {type_!r} event{read_as} with other {', '.join(fields) or 'content'}"
 
     def decode_rows(self, run: str, rows: Sequence[StoredRow]) -> list[RecordedEvent]:
-        """Decode a page of rows, validating each distinct payload once.
+        """Decode a page of rows, validating a repeated payload at its first two sightings
+        only (``_remember``).
 
         Validation is complete where data enters (``append`` encodes a validated event;
         an import decodes every line through :meth:`decode`); a stored row is read back
@@ -352,9 +353,10 @@ class EventCodec:
                 rest = payload[len(event_id) + 7 :]
                 template = templates.get(rest)
                 if template is None or template[0] != type_ or template[1] != version:
-                    first = self._first_of(run, seq, event_id, type_, version, payload)
-                    template = self._remember(rest, type_, version, first)
-                event = _with_id(template[2], event_id)
+                    event = self._first_of(run, seq, event_id, type_, version, payload)
+                    self._remember(rest, type_, version, event)
+                else:
+                    event = _with_id(template[2], event_id)
             else:
                 event = self._first_of(run, seq, event_id, type_, version, payload)
             append(recorded(RecordedEvent, (run, seq, at_us, event)))
@@ -382,17 +384,35 @@ class EventCodec:
             template = templates.get(rest)
             if template is None or template[0] != type_ or template[1] != version:
                 first = self._first_of(run, seq, None, type_, version, payload)
-                template = self._remember(rest, type_, version, first)
-            append(recorded(RecordedEvent, (run, seq, at_us, template[2])))
+                event = self._remember(rest, type_, version, first)
+            else:
+                event = template[2]
+            append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
 
-    def _remember(self, rest: str, type_: str, version: int, first: Event) -> _Template:
-        """Cache ``first`` (without its id) as what ``rest`` decodes to."""
-        templates = self._templates
-        if len(templates) >= TEMPLATE_CACHE_SIZE:
-            templates.clear()
-        template = templates[rest] = (type_, version, _with_id(first, ""))
-        return template
+    def _remember(self, rest: str, type_: str, version: int, first: Event) -> Event:
+        """``first`` without its id; cached as what ``rest`` decodes to from the second
+        time ``rest`` is seen on.
+
+        Story: a cache of every payload filled with adapter windows, which never repeat;
+        each lived until the cache was cleared, long enough for the garbage collector to
+        promote it (17,000 ``ShardOutcomes`` in the oldest generation at a full
+        collection), so a bulk read paid a full collection every ~50,000 events. A
+        payload that repeats (a probe of one shard, a healthy round) is cached at its
+        second sighting; one seen once is garbage as soon as it is folded."""
+        bare = _with_id(first, "")
+        seen = self._seen_once
+        if rest in seen:
+            seen.discard(rest)
+            templates = self._templates
+            if len(templates) >= TEMPLATE_CACHE_SIZE:
+                templates.clear()
+            templates[rest] = (type_, version, bare)
+        else:
+            if len(seen) >= TEMPLATE_CACHE_SIZE:
+                seen.clear()
+            seen.add(rest)
+        return bare
 
     def _first_of(
         self, run: str, seq: int, event_id: str | None, type_: str, version: int, payload: str

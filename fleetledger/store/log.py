@@ -72,9 +72,9 @@ live controller), and a replay of a million events slowed by a third: a 20,000-r
 decoded at once (three tracked objects an event: the event, its field dict, the recorded
 tuple) outlived the young collections, so every page was promoted to the oldest
 generation and each full collection walked it. Measured on the bench's million-event run
-(``fold(log.read(run))``, best of 3): 20,000 rows a page 6.40 s, 1,024 5.28 s, 256
-4.73 s, 64 4.17–4.31 s, 16 4.16 s; with collection off 3.43 s. A page of 64 is folded
-before a young collection promotes it."""
+(``fold(log.read(run))``, best of 3, with the codec caching repeated payloads only):
+20,000 rows a page 4.97 s, 1,024 4.31 s, 256 3.80 s, 64 3.20 s; with collection off
+3.13 s. A page of 64 is folded before a young collection promotes it."""
 # Ids looked up per statement: well under SQLite's bind-parameter limit (one ``?`` each;
 # PostgreSQL takes them as one array).
 LOOKUP_CHUNK = 10_000
