@@ -10,6 +10,7 @@ default refit timeout (300 s) assert on the recorded events and their order; the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -544,10 +545,18 @@ def _probe_until_dead(fleet: Fleet, ledger: Ledger, shard: int, timeout_s: float
 # ── a death recorded mid-push aborts it: no waiting out the refit timeout ─────────
 
 
-def _pump(fleet: Fleet, ledger: Ledger, stop: threading.Event) -> None:
-    """The probe pump, as the controller runs it, on a short cadence."""
+@contextlib.contextmanager
+def _pumping(fleet: Fleet, ledger: Ledger) -> Iterator[None]:
+    """The probe pump, as the controller runs it, on a short cadence; stopped and joined
+    on the way out, so the test never closes the log under one of the pump's writes."""
+    stop = threading.Event()
     config = FleetHealthConfig(enabled=True, probe_interval_s=0.5, probe_timeout_s=0.4)
-    ProbePump(ledger, fleet.prober(), config).start(stop)
+    thread = ProbePump(ledger, fleet.prober(), config).start(stop)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=60)
 
 
 def _until_parked(fleet: Fleet, shards, timeout_s: float = 60.0) -> None:
@@ -598,14 +607,12 @@ def test_a_kill_mid_push_at_the_default_timeout_aborts_as_soon_as_the_death_is_r
     coordinator sees it, aborts the communicator (releasing the parked survivors) and
     recovers; the next refit succeeds without the shard."""
     fleet = Fleet(total_bytes=80_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s)
-    stop = threading.Event()
     try:
         coordinator = _default_coordinator(fleet, ledger)
         fleet.sync.reconcile(ledger.view.absent)
         expected = fleet.step(1)
         head = ledger.log.head(ledger.run)
-        _pump(fleet, ledger, stop)
-        with ThreadPoolExecutor(1) as pool:
+        with _pumping(fleet, ledger), ThreadPoolExecutor(1) as pool:
             refit = _kill_mid_push(fleet, coordinator, pool, victim=1, version=1)
             outcome = refit.result(timeout=HANG_GUARD_S)
         assert outcome.recovered and outcome.participants == (0, 2)
@@ -621,7 +628,6 @@ def test_a_kill_mid_push_at_the_default_timeout_aborts_as_soon_as_the_death_is_r
         assert coordinator.refit(2).participants == (0, 2)
         assert _checksums(fleet, (0, 2)) == {expected}
     finally:
-        stop.set()
         fleet.close()
 
 
@@ -634,13 +640,11 @@ def test_a_participant_recorded_dead_during_the_build_gives_the_build_up_at_once
     naming that death, and recovers over the survivors. Nothing was pushed: nobody's
     weights are partial."""
     fleet = Fleet(total_bytes=2_000_000, refit_timeout_s=DEFAULTS.refit_timeout_s)
-    stop = threading.Event()
     try:
         coordinator = _default_coordinator(fleet, ledger)
         os.kill(fleet.pids[1], signal.SIGSTOP)
         expected = fleet.step(1)
-        _pump(fleet, ledger, stop)
-        with ThreadPoolExecutor(1) as pool:
+        with _pumping(fleet, ledger), ThreadPoolExecutor(1) as pool:
             outcome = pool.submit(coordinator.refit, 1).result(timeout=HANG_GUARD_S)
         assert outcome.recovered and outcome.participants == (0, 2)
         assert outcome.condemned is None
@@ -656,7 +660,6 @@ def test_a_participant_recorded_dead_during_the_build_gives_the_build_up_at_once
         assert fleet.sync.built_layout == ledger.view.layout()
         assert _checksums(fleet, (0, 2)) == {expected}
     finally:
-        stop.set()
         fleet.close()
 
 

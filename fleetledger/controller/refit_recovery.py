@@ -359,32 +359,27 @@ class RefitCoordinator:
             f"aborted: participant shard {shard} was recorded {what} while refit v{version}'s "
             f"{stage} was in flight; not waiting out {limit}"
         )
-        _log.warning(
-            "refit aborted: a participant was recorded absent",
-            run=self.ledger.run,
-            version=version,
-            stage=stage,
-            shard=shard,
-            seq=seq,
+        detail += self._abort_without(
+            shard, "refit aborted: a participant was recorded absent", version, stage, seq=seq
         )
-        detail += self._abort_without(shard)
         return RefitFailed(stage, detail=detail, kind=RefitFailureKind.ABORTED)
 
     def _abort_on_silence(self, version: int, stage: str, shard: int, why: str) -> RefitFailed:
         """Abort the communicator under a build or push whose STALE participant stopped
         answering probes; the failure names it silent, as a transport would at its bound."""
-        _log.warning(
-            "refit aborted: a STALE participant stopped answering probes",
-            run=self.ledger.run,
-            version=version,
-            stage=stage,
-            shard=shard,
+        why += self._abort_without(
+            shard, "refit aborted: a STALE participant stopped answering probes", version, stage
         )
-        why += self._abort_without(shard)
         return RefitFailed(stage, silent={Party.shard(shard): why}, kind=RefitFailureKind.TIMED_OUT)
 
-    def _abort_without(self, shard: int) -> str:
-        """Abort, not waiting for ``shard``; what went wrong with the abort ("": nothing)."""
+    def _abort_without(
+        self, shard: int, message: str, version: int, stage: str, **fields: int
+    ) -> str:
+        """Log ``message`` and abort, not waiting for ``shard``; what went wrong with the
+        abort ("": nothing)."""
+        _log.warning(
+            message, run=self.ledger.run, version=version, stage=stage, shard=shard, **fields
+        )
         try:
             # Releases the survivors parked in the collective; the lost one is not waited for.
             self._abort(gone={shard})
