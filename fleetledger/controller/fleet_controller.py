@@ -33,6 +33,7 @@ from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import clip_text
 from fleetledger.projections.decisions import RestartVerdict, decide_exhaustion, decide_restart
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.store.errors import RunAlreadyEnded
 
 __all__ = ["FleetController", "RestartableFleet", "TrainingProgress"]
 
@@ -193,6 +194,9 @@ class FleetController:
             try:
                 if self.tick_watchdog().action == "ended":
                     return
+            except RunAlreadyEnded as ended:
+                self.ledger.late_reports.count("watchdog tick", ended)
+                return
             except LedgerError as exc:
                 _log.error("watchdog tick not recorded", run=self.ledger.run, problem=str(exc))
             except Exception:  # the watchdog must outlive whatever it is watching
@@ -229,6 +233,8 @@ class FleetController:
                 return
             try:
                 self.restart(shard)
+            except RunAlreadyEnded as ended:
+                self.ledger.late_reports.count("restart", ended)
             except LedgerError as exc:
                 _log.error(
                     "restart not recorded", run=self.ledger.run, shard=shard, problem=str(exc)

@@ -17,6 +17,7 @@ from typing import Literal
 
 import structlog
 
+from fleetledger.adapters.late_reports import LateReports
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import (
     ActorDeathConfirmed,
@@ -173,6 +174,7 @@ class Ledger:
         self._results_since_snapshot = 0  # probe results folded since (see results_in)
         self._lock = threading.RLock()
         self._collapsed: dict[int, int] = {}  # shard → deaths counted, not recorded
+        self.late_reports = LateReports(run)  # reports that met the run's end
         self._membership = Membership.of(view)
 
     # ── lifecycle ───────────────────────────────────────────────────────────

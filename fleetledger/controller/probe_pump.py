@@ -23,6 +23,7 @@ from fleetledger.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.errors import LedgerError
 from fleetledger.projections.shard_states import Transition
+from fleetledger.store.errors import RunAlreadyEnded
 
 __all__ = ["ProbePump", "ProbeRoundReport", "Prober"]
 
@@ -112,6 +113,8 @@ class ProbePump:
         while not stop.is_set():
             try:
                 self.probe_round()  # folds the tail first: an ended run is seen here
+            except RunAlreadyEnded as ended:
+                self._ledger.late_reports.count("probe round", ended)
             except LedgerError as exc:
                 _log.error("probe round not recorded", run=self._ledger.run, problem=str(exc))
             except Exception:  # a runtime hiccup must not end probing for the rest of the run

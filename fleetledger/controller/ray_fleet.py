@@ -62,6 +62,7 @@ from fleetledger.events.errors import LedgerError, first_line
 from fleetledger.shards.contract import Generation, GenerationRequest
 from fleetledger.shards.naming import ShardFactory, shard_actor_name
 from fleetledger.shards.reaping import ProcessRecord, reap
+from fleetledger.store.errors import RunAlreadyEnded
 
 __all__ = [
     "GenerationReports",
@@ -450,6 +451,8 @@ class GenerationReports:
             elif classify_exception(exc).kind is FailureKind.INFRA:
                 self.window.failure(shard, exc)
                 self.flush()
+        except RunAlreadyEnded as ended:
+            self.ledger.late_reports.count("rollout failure", ended)
         except LedgerError as problem:
             _log.error("rollout failure not recorded", shard=shard, problem=str(problem))
 

@@ -45,6 +45,7 @@ import structlog
 from aiohttp import web
 from pydantic import ValidationError
 
+from fleetledger.adapters.late_reports import LateReports
 from fleetledger.adapters.least_outstanding import InFlight
 from fleetledger.adapters.outcome_reporter import OutcomeReporter
 from fleetledger.config import ControllerConfig, RouterConfig
@@ -59,7 +60,7 @@ from fleetledger.router.routing_table import (
     RoutingTable,
     RoutingTableFollower,
 )
-from fleetledger.store.errors import AppendRejected
+from fleetledger.store.errors import AppendRejected, RunAlreadyEnded
 from fleetledger.store.log import EventLog
 
 __all__ = ["ROUTES", "Router", "RouterError", "reserve_port"]
@@ -145,6 +146,7 @@ class Router:
         self.url = f"http://{shown}:{self.port}/v1"
         self.metrics = RouterMetrics(run)
         self.reporter = OutcomeReporter(db_url, run, name, window_s=math.inf)  # timer below
+        self.late_reports = LateReports(run)
         self.avoidance = Avoidance()
         self._table = table
         self._in_flight = InFlight()
@@ -292,7 +294,9 @@ class Router:
     def _flush(self) -> None:
         try:
             self.reporter.flush()
-        except AppendRejected as exc:  # e.g. the run ended: the window cannot be recorded
+        except RunAlreadyEnded as ended:
+            self.late_reports.count("outcome window", ended)
+        except AppendRejected as exc:  # a shard this run does not have: dropped, said
             _log.warning("outcome window dropped", run=self.run, reason=str(exc))
         except Exception as exc:  # kept by the reporter; the next flush appends it first
             _log.warning("outcome window not handed over yet", run=self.run, error=str(exc))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fleetledger.events.models import Event, FleetConfig, RunEnded, RunStarted, shards_outside
-from fleetledger.store.errors import AppendRejected, UnknownRun
+from fleetledger.store.errors import AppendRejected, RunAlreadyEnded, UnknownRun
 
 # The events whose place in a run is fixed: the first, and the last.
 _BOUNDARIES = (RunStarted, RunEnded)
@@ -43,9 +43,7 @@ def check_batch(
     else:
         head_seq, ended = head
         if ended:
-            raise AppendRejected(
-                run, f"the run ended at seq {head_seq}; nothing may be appended after it"
-            )
+            raise RunAlreadyEnded(run, head_seq)
         fleet = config()
     count, last = fleet.shard_count, len(batch) - 1
     for index in range(offset, len(batch)):

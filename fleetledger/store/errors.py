@@ -46,6 +46,15 @@ class AppendRejected(LedgerError):
         self.problem = problem
 
 
+class RunAlreadyEnded(AppendRejected):
+    """The run ended (at ``ended_seq``): nothing may be appended after its ``run_ended``.
+    A report that meets it is late, not failed (``adapters.late_reports``)."""
+
+    def __init__(self, run: str, ended_seq: int) -> None:
+        super().__init__(run, f"the run ended at seq {ended_seq}; nothing may be appended after it")
+        self.ended_seq = ended_seq
+
+
 class UnknownRun(AppendRejected):
     """The run has no ``run_started`` event in this ledger."""
 
