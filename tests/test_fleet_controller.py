@@ -7,6 +7,7 @@ controller against real Ray actors killed and frozen with real signals.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 
@@ -15,7 +16,9 @@ import pytest
 from fleetledger.config import ControllerConfig
 from fleetledger.controller.fleet_controller import FleetController, TrainingProgress
 from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.events.models import RunEnded, RunProgress
 from fleetledger.projections.shard_states import ShardState
+from fleetledger.queries.evidence import explain_from_log
 from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
@@ -267,3 +270,43 @@ def test_an_interrupted_restart_is_driven_again(log, sqlite_url):
     assert types[-3:] == ["restart_failed", "restart_requested", "replacement_loaded"]
     assert resumed.view.shards[1].restart_attempts == 2
     assert fleet.restarted == [1]
+
+
+def test_the_runs_end_records_the_loops_progress_however_it_ends(log):
+    """Progress is recorded on watchdog ticks only when it changes; the end records where
+    the loop stood, so ``explain RUN`` answers with the run's real last progress."""
+    ledger = Ledger.start(log, "r", fleet_config(2))
+    steps = [0]
+    _controller(ledger, ScriptedFleet(), progress=lambda: TrainingProgress(10, steps[0], 2, False))
+    steps[0] = 5
+    ledger.end_run_if_open("completed", "5 of 5 steps done")  # the loop's own call
+    (ended,) = [r for r in log.read("r") if r.event.type == "run_ended"]
+    assert ended.event.progress == RunProgress(committed_groups=10, train_steps=5, in_flight=2)
+    explanation = explain_from_log(log, "r")
+    assert explanation.progress is not None
+    assert (explanation.progress.seq, explanation.progress.train_steps) == (ended.seq, 5)
+    assert "10 committed groups, 5 train steps, 2 in flight" in explanation.text
+
+
+def test_a_progress_source_that_fails_does_not_keep_the_run_from_ending(log):
+    ledger = Ledger.start(log, "r", fleet_config(2))
+
+    def broken() -> TrainingProgress:
+        raise RuntimeError("the loop's counters are gone")
+
+    _controller(ledger, ScriptedFleet(), progress=broken)
+    assert ledger.end_run_if_open("failed", "boom") == "boom"
+    assert ledger.view.ended is not None
+    (ended,) = [r.event for r in log.read("r") if r.event.type == "run_ended"]
+    assert ended.progress is None
+
+
+def test_a_run_ended_without_progress_is_stored_as_an_older_fleetledger_stored_it():
+    """The default is left out of the payload: the bytes an older fleetledger wrote (and
+    reads, its model forbidding fields it does not know)."""
+    plain = RunEnded(outcome="completed", cause="done")
+    assert "progress" not in json.loads(plain.model_dump_json())
+    with_progress = RunEnded(
+        outcome="completed", cause="done", progress=RunProgress(committed_groups=1, train_steps=1)
+    )
+    assert json.loads(with_progress.model_dump_json())["progress"]["train_steps"] == 1

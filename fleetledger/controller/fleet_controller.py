@@ -30,7 +30,7 @@ from fleetledger.controller.metrics import FleetMetrics, ProgressSample
 from fleetledger.controller.probe_pump import ProbePump, Prober, ProbeRoundReport
 from fleetledger.controller.stall_watchdog import StallWatchdog, TickDecision
 from fleetledger.events.errors import LedgerError
-from fleetledger.events.models import clip_text
+from fleetledger.events.models import RunProgress, clip_text
 from fleetledger.projections.decisions import RestartVerdict, decide_exhaustion, decide_restart
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.store.errors import RunAlreadyEnded
@@ -80,6 +80,7 @@ class FleetController:
         self.fleet = fleet
         self.config = config
         self._progress = progress
+        ledger.progress_source = self._run_progress  # recorded in run_ended, however it ends
         self._on_halt = on_halt
         self._restart_ready_timeout_s = restart_ready_timeout_s
         self.pump = ProbePump(ledger, fleet, config.fleet_health, after_round=self._after_round)
@@ -152,6 +153,12 @@ class FleetController:
                 self._on_halt(cause)
 
     # ── watchdog ────────────────────────────────────────────────────────────
+
+    def _run_progress(self) -> RunProgress:
+        p = self._progress()
+        return RunProgress(
+            committed_groups=p.committed_groups, train_steps=p.train_steps, in_flight=p.in_flight
+        )
 
     def progress_sample(self) -> ProgressSample:
         return self._last_sample

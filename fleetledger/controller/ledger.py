@@ -11,7 +11,7 @@ explained by a replay, so decisions go through here too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +38,7 @@ from fleetledger.events.models import (
     RestartFailed,
     RestartRequested,
     RunEnded,
+    RunProgress,
     RunStarted,
     ShardOutcomes,
     ShardRetired,
@@ -175,6 +176,8 @@ class Ledger:
         self._lock = threading.RLock()
         self._collapsed: dict[int, int] = {}  # shard → deaths counted, not recorded
         self.late_reports = LateReports(run)  # reports that met the run's end
+        # Where the training loop stands, recorded in ``run_ended`` (``end_run``).
+        self.progress_source: Callable[[], RunProgress | None] | None = None
         self._membership = Membership.of(view)
 
     # ── lifecycle ───────────────────────────────────────────────────────────
@@ -479,21 +482,45 @@ class Ledger:
         )
 
     def end_run(
-        self, outcome: Literal["completed", "failed", "aborted"], cause: str
+        self,
+        outcome: Literal["completed", "failed", "aborted"],
+        cause: str,
+        *,
+        progress: RunProgress | None = None,
     ) -> list[Transition]:
-        return self.record([RunEnded(outcome=outcome, cause=clip_text(cause))])
+        """``progress``: the loop's progress as it ends; by default :attr:`progress_source`'s
+        (a ``FleetController`` built with a ``progress`` callable sets it)."""
+        if progress is None:
+            progress = self._sampled_progress()
+        return self.record([RunEnded(outcome=outcome, cause=clip_text(cause), progress=progress)])
 
     def end_run_if_open(
-        self, outcome: Literal["completed", "failed", "aborted"], cause: str
+        self,
+        outcome: Literal["completed", "failed", "aborted"],
+        cause: str,
+        *,
+        progress: RunProgress | None = None,
     ) -> str:
         """End the run unless it has ended (here or in another process); returns the
         cause the log holds — ours, or the one recorded first."""
+        if progress is None:
+            progress = self._sampled_progress()  # outside the lock: the loop's own code
         with self._lock:
             self.catch_up()
             if self._view.ended is not None:
                 return self._view.ended.cause
-            self.end_run(outcome, cause)
+            self.end_run(outcome, cause, progress=progress)
             return clip_text(cause)
+
+    def _sampled_progress(self) -> RunProgress | None:
+        source = self.progress_source
+        if source is None:
+            return None
+        try:
+            return source()
+        except Exception as exc:  # the run ends either way; its progress is not known
+            _log.warning("progress not sampled at the run's end", run=self.run, problem=str(exc))
+            return None
 
     def _not_absent(self) -> tuple[int, ...]:
         return tuple(r.index for r in self._view.shards if not r.absent)

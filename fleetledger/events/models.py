@@ -185,12 +185,35 @@ class RunStarted(Event):
     config: FleetConfig
 
 
+class RunProgress(BaseModel):
+    """Where the training loop stood: committed rollout groups, completed train steps,
+    rollouts in flight."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    committed_groups: int = Field(ge=0)
+    train_steps: int = Field(ge=0)
+    in_flight: int = Field(default=0, ge=0)
+
+
 class RunEnded(Event):
-    """The last event of a run. Nothing may be appended after it."""
+    """The last event of a run. Nothing may be appended after it.
+
+    ``progress``: the training loop's progress as the run ended, when whoever ended it
+    knew it (``None``: not known; every row written before the field existed). Story:
+    progress is otherwise recorded on watchdog ticks only when it changes, so a run
+    that completed 5 of 5 steps was explained as "last progress at seq 13: … 2 train
+    steps".
+    """
 
     type: Literal["run_ended"] = "run_ended"
     outcome: Literal["completed", "failed", "aborted"]
     cause: Reason
+    progress: RunProgress | None = None
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"progress": None})
 
 
 # ── what probes saw ────────────────────────────────────────────────────────────

@@ -217,6 +217,8 @@ def evidence_needed(
     if shard is None:
         if view.progress is not None:
             seqs.add(view.progress.seq)
+        if view.ended is not None:  # its progress, when recorded, is the last
+            seqs.add(view.ended.seq)
         return EvidenceRequest(tuple(sorted(seqs)), None)
     check_shard(view, shard)
     chain = transitions_of(entries, shard)

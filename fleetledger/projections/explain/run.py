@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fleetledger.events.models import RecordedEvent, iso_at
+from fleetledger.events.models import RecordedEvent, RunEnded, iso_at
 from fleetledger.projections.explain.evidence import check_entries
 from fleetledger.projections.explain.fleet import LayoutSummary, open_refit_at, started_at_us
 from fleetledger.projections.explain.words import (
@@ -341,7 +341,13 @@ def explain_run(
     ended = next((e for e in reversed(entries) if isinstance(e, EndEntry)), None)
     decisive = [f for f in findings if f.decisive]
     progress = None
-    if view.progress is not None:
+    final = None if view.ended is None else evidence.get(view.ended.seq)
+    if final is not None and isinstance(final.event, RunEnded) and final.event.progress:
+        p_end = final.event.progress  # recorded as the run ended: the last there is
+        progress = ProgressSummary(
+            final.seq, final.at_us, p_end.committed_groups, p_end.train_steps, p_end.in_flight
+        )
+    elif view.progress is not None:
         p = view.progress
         recorded = evidence.get(p.seq)
         progress = ProgressSummary(
