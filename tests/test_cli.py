@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 
+from fleetledger.controller.ledger import Ledger
 from fleetledger.projections.fleet_view import fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.store.log import EventLog
 from fleetledger.store.revisions import head_revision
+from tests.builders import fleet_config
 from tests.cli_support import invoke, run_cli
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
@@ -285,7 +287,8 @@ def test_runs_json_lists_each_run(sqlite_url: str, tmp_path: Path) -> None:
     # Ordered by start time, then run id: the copy kept the original's times.
     assert [r["run"] for r in listed] == sorted(["copy", first])
     for entry in listed:
-        assert set(entry) == {"run", "events", "started", "last_event", "ended"}
+        assert set(entry) == {"run", "events", "started", "last_event", "ended", "outcome", "cause"}
+        assert (entry["outcome"], entry["cause"]) == ("completed", "demo script finished")
         assert entry["events"] == DEMO_EVENTS
         assert entry["ended"] is True
         assert entry["started"].endswith("Z") and entry["last_event"].endswith("Z")
@@ -296,12 +299,34 @@ def test_runs_json_lists_each_run(sqlite_url: str, tmp_path: Path) -> None:
     assert by_run["copy"]["last_event"] == by_run[first]["last_event"]
 
 
-def test_runs_table_shows_whole_run_ids_at_80_columns(sqlite_url: str) -> None:
-    """The run id is what `membership RUN` needs: the table must not cut it short."""
+def test_runs_table_shows_whole_run_ids_and_outcomes_at_80_columns(sqlite_url: str) -> None:
+    """The run id is what `membership RUN` needs: the table must not cut it short; each
+    run says how it ended (a failure's cause as far as the terminal allows) or that it
+    is running, and no line is wider than the terminal."""
     invoke("demo", "--db", sqlite_url)
     run = only_run(sqlite_url)
-    table = invoke("runs", "--db", sqlite_url, env={"COLUMNS": "80"}).stdout
-    assert re.search(rf"│ {re.escape(run)}\s*│ 19\s*│", table), table
+    with EventLog.open(sqlite_url) as log:
+        failed = Ledger.start(log, "a-failed-run", fleet_config(2))
+        failed.end_run_if_open("failed", "refit v3 aborted and no silent participant " * 3)
+        Ledger.start(log, "a-running-run", fleet_config(2))
+    for columns in (80, 120):
+        table = invoke("runs", "--db", sqlite_url, env={"COLUMNS": str(columns)}).stdout
+        lines = table.splitlines()
+        assert max(len(line) for line in lines) <= columns, table
+        assert lines[0].split() == ["run", "events", "started", "(UTC)", "lasted", "outcome"]
+        by_run = {line.split()[0]: line for line in lines[1:]}
+        assert re.search(
+            rf"^{re.escape(run)}\s+19\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d\s", by_run[run]
+        )
+        assert by_run[run].rstrip().endswith("completed")
+        assert by_run["a-running-run"].rstrip().endswith("running")
+        assert re.search(r"failed: \S.*…$", by_run["a-failed-run"].rstrip())
+        if columns == 120:
+            assert "failed: refit v3 aborted and no silent" in by_run["a-failed-run"]
+    listed = {r["run"]: r for r in json.loads(invoke("runs", "--json", "--db", sqlite_url).stdout)}
+    assert (listed[run]["outcome"], listed["a-running-run"]["outcome"]) == ("completed", None)
+    assert listed["a-failed-run"]["outcome"] == "failed"
+    assert listed["a-failed-run"]["cause"].startswith("refit v3 aborted")
 
 
 # ── migrate ────────────────────────────────────────────────────────────────────

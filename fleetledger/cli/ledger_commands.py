@@ -16,6 +16,7 @@ from fleetledger.cli.output import (
     check_output,
     data_row,
     json_text_safe,
+    lasted,
     ledger_files,
     print_json,
     safe_text,
@@ -38,14 +39,26 @@ if TYPE_CHECKING:
 # ── runs ───────────────────────────────────────────────────────────────────────
 
 
+RUNS_FIXED_CELLS = 6 + 19 + 8 + 2 * 4
+"""What ``runs`` gives every column but the run id and the outcome: events, started,
+lasted, and two cells between each two of the five."""
+
+
 @app.command()
 @cli_errors
 def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
-    """List the runs in the ledger."""
-    from fleetledger.events.models import iso_at
+    """List the runs in the ledger: how each ended (or that it is running), when it
+    started and how long it lasted."""
+    from fleetledger.events.models import RunEnded, iso_at
 
     with open_log(db, mode="read") as log:
         summaries = log.runs()
+        ends: dict[str, RunEnded] = {}
+        for s in summaries:
+            if s.ended:  # its last event, by seq: one primary-key read
+                last = next(iter(log.read(s.run_id, s.head_seq - 1, s.head_seq)), None)
+                if last is not None and isinstance(last.event, RunEnded):
+                    ends[s.run_id] = last.event
     if as_json:
         print_json(
             [
@@ -55,6 +68,8 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
                     "started": iso_at(s.started_at_us),
                     "last_event": iso_at(s.last_at_us),
                     "ended": s.ended,
+                    "outcome": ends[s.run_id].outcome if s.run_id in ends else None,
+                    "cause": ends[s.run_id].cause if s.run_id in ends else None,
                 }
                 for s in summaries
             ]
@@ -66,17 +81,37 @@ def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     from rich.table import Column, Table  # a table is printed: only then is rich loaded
 
     # The run id is what every other command takes: never let the table cut it short.
+    # No vertical rules: at 80 columns the outcome keeps the room they took.
     widest = max(safe_text(s.run_id).cell_len for s in summaries)  # cells, not characters
-    run_column = Column("run", no_wrap=True, min_width=widest)
-    table = Table(run_column, "events", "started", "last event", "ended")
+    # The outcome gets what the terminal has left (its first word, at least), cut here:
+    # a longer cell made rich drop whole columns (events, lasted) instead.
+    from rich.console import Console
+
+    width = Console().width  # the width ``say`` prints the table at (COLUMNS, else 80)
+    room = max(width - widest - RUNS_FIXED_CELLS, len("completed"))
+    table = Table(
+        Column("run", no_wrap=True, min_width=widest),
+        Column("events", justify="right", no_wrap=True, min_width=6),
+        Column("started (UTC)", no_wrap=True, min_width=19),
+        Column("lasted", justify="right", no_wrap=True, min_width=8),
+        Column("outcome", no_wrap=True),
+        box=None,
+        pad_edge=False,
+    )
     for s in summaries:
+        end = ends.get(s.run_id)
+        outcome = "running" if end is None else end.outcome
+        if end is not None and end.outcome != "completed":
+            outcome = f"{end.outcome}: {end.cause}"
+        if len(outcome) > room:  # cut here: the console prints tables without wrapping
+            outcome = outcome[: room - 1] + "…"
         data_row(
             table,
             s.run_id,
             s.head_seq,
-            iso_at(s.started_at_us),
-            iso_at(s.last_at_us),
-            "yes" if s.ended else "no",
+            iso_at(s.started_at_us)[:19].replace("T", " "),
+            lasted(s.last_at_us - s.started_at_us),
+            outcome,
         )
     say(table)
 

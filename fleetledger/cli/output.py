@@ -131,6 +131,20 @@ def safe_text(value: object, style: str = "", *, keep_newlines: bool = False) ->
     return Text(terminal_safe(str(value), keep_newlines=keep_newlines), style=style)
 
 
+def lasted(delta_us: int) -> str:
+    """A run's length in at most 8 characters: ``12.3 s``, ``4 m 03 s``, ``3 h 04 m``,
+    ``2 d 03 h``."""
+    total = max(delta_us, 0) / 1e6
+    if total < 60:
+        return f"{total:.1f} s"
+    whole = int(total)
+    if whole < 3600:
+        return f"{whole // 60} m {whole % 60:02d} s"
+    if whole < 86400:
+        return f"{whole // 3600} h {whole % 3600 // 60:02d} m"
+    return f"{whole // 86400} d {whole % 86400 // 3600:02d} h"
+
+
 def data_row(table: Table, *cells: object, style: str = "") -> None:
     """Add a row of data to ``table``: every cell ``safe_text`` (a ``str`` cell is markup)."""
     table.add_row(*(safe_text(cell) for cell in cells), style=style)
