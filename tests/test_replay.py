@@ -136,11 +136,13 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
     out = invoke("replay", DEMO_RUN, "--db", demo_url).stdout
     lines = out.splitlines()
     entries = expected_entries(demo_url, DEMO_RUN)
-    # Off a terminal nothing wraps: a title, the header and its rule, one line per entry.
+    # Off a terminal nothing wraps and no rule is drawn: a title, the header, one line
+    # per entry, each opening with its whole date.
     assert lines[0].startswith(f"run {DEMO_RUN}: seqs 1..{DEMO_EVENTS}, ")
     assert lines[0].endswith(f"UTC, {len(entries)} entries")
     assert re.match(r"time \(UTC\)\s+seq\s+shard\s+what\s+why / detail$", lines[1])
-    rows = lines[3:]
+    rows = lines[2:]
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}\s", row) for row in rows)
     assert len(rows) == len(entries)
     assert [int(row.split()[2]) for row in rows] == [e.seq for e in entries]
     assert all(line == line.rstrip() for line in lines)

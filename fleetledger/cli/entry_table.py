@@ -60,9 +60,9 @@ REFIT_STYLES: dict[str, str] = {"aborted": "red", "open": "yellow"}
 
 
 def _time(at_us: int) -> str:
-    # The year is in replay's title line (a watch is live: it is this year); milliseconds
-    # are enough for a person to order what happened.
-    return datetime_from_us(at_us).strftime("%m-%d %H:%M:%S.%f")[:-3]
+    # The whole date: a row is quoted on its own, in a post-mortem a year later too;
+    # milliseconds are enough for a person to order what happened.
+    return datetime_from_us(at_us).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def _shards(shards: Iterable[int]) -> str:
@@ -185,13 +185,15 @@ class EntryTable:
         self.seq_width = max(3, seq_width)
 
     def _table(self, header: bool) -> Table:
+        # The header's rule spans the terminal; off a terminal (a pipe, a file) there is
+        # none: it was drawn as wide as the longest detail (1,089 characters once).
         return Table(
-            Column("time (UTC)", width=18, no_wrap=True),
+            Column("time (UTC)", width=23, no_wrap=True),
             Column("seq", width=self.seq_width, justify="right", no_wrap=True),
             Column("shard", width=5, overflow="fold"),
             Column("what", width=22, overflow="fold"),
             Column("why / detail", overflow="fold"),
-            box=box.SIMPLE_HEAD,
+            box=box.SIMPLE_HEAD if self.console.is_terminal else None,
             show_header=header,
             show_edge=False,
             pad_edge=False,
