@@ -91,7 +91,7 @@ def test_demo_prints_every_step_and_the_final_membership(sqlite_url: str) -> Non
     assert final["epoch"] == 4  # the serving set changed at seqs 6, 11, 15 and 18
     assert re.search(r"│\s*1\s*│\s*DEAD\s*│\s*2\s*│\s*0\s*│\s*16\s*│", out)
     assert re.search(r"│\s*2\s*│\s*HEALTHY\s*│\s*3\s*│\s*1\s*│\s*18\s*│", out)
-    assert "rank layout: world 8 = 2 trainer ranks + 3 shards × 2" in out
+    assert "rank layout: world 8: trainers → ranks 0–1, shard 0 → ranks 2–3, " in out
     assert f"run id: {run}" in out
 
 

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetledger.projections.rank_layout import RankLayout, RankLayoutError, rank_layout
+from fleetledger.projections.rank_layout import (
+    RankLayout,
+    RankLayoutError,
+    layout_words,
+    rank_layout,
+    shard_ranks_of,
+)
 from fleetledger.projections.shard_states import ShardState
 from tests.projection_builders import Fleet, fleet_config, put_in
 
@@ -249,3 +255,28 @@ def test_the_view_layout_refuses_when_every_shard_is_absent():
     fleet.actor_died(1)
     with pytest.raises(RankLayoutError, match="no surviving shards"):
         fleet.view.layout()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dp=st.integers(1, 8),
+    workers=st.integers(1, 4),
+    trainers=st.integers(1, 4),
+    data=st.data(),
+)
+def test_the_layouts_words_give_each_survivor_its_global_ranks(dp, workers, trainers, data):
+    """The one notation every command prints: each survivor once, with exactly the ranks
+    the communicator gives it, after the trainers'."""
+    survivors = data.draw(st.sets(st.integers(0, dp - 1), min_size=1))
+    built = layout(survivors, dp, dp * workers, trainers)
+    words = layout_words(
+        built.world_size, trainers, shard_ranks_of(built.shard_prefixes, trainers, workers)
+    )
+    head, _, placed = words.partition(": ")
+    assert head == f"world {built.world_size}"
+    parts = placed.split(", ")
+    assert parts[0] == f"trainers → ranks 0–{trainers - 1}"
+    assert parts[1:] == [
+        f"shard {s} → ranks {built.rank_of(s, 0)}–{built.rank_of(s, workers - 1)}"
+        for s in sorted(survivors)
+    ]

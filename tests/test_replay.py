@@ -153,8 +153,9 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
         pattern += re.escape(detail)
         assert [r for r in rows if re.match(pattern, r)], f"no row {pattern!r} in\n{out}"
 
-    row(1, "", "epoch 0", "serving [0,1,2,3] · absent [] · world 10: trainer 0–1, shard 0 2–3, "
-        "shard 1 4–5, shard 2 6–7, shard 3 8–9")  # fmt: skip
+    row(1, "", "epoch 0", "serving [0,1,2,3] · absent [] · world 10: trainers → ranks 0–1, "
+        "shard 0 → ranks 2–3, shard 1 → ranks 4–5, shard 2 → ranks 6–7, "
+        "shard 3 → ranks 8–9")  # fmt: skip
     row(3, "", "refit v1 completed", "seq 2→3, ")
     row(4, "2", "HEALTHY → SUSPECT", "failed probe: timeout: no answer within "
         "probe_timeout_s=2 [evidence: seq 4]")  # fmt: skip
@@ -164,8 +165,8 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
         "(last: timeout: no answer within probe_timeout_s=2) [evidence: seq 4, 5, 6]"
     )
     row(6, "2", "SUSPECT → DEAD", dead)
-    row(6, "", "epoch 1", "serving [0,1,3] · absent [2] · world 8: trainer 0–1, shard 0 2–3, "
-        "shard 1 4–5, shard 3 6–7")  # fmt: skip
+    row(6, "", "epoch 1", "serving [0,1,3] · absent [2] · world 8: trainers → ranks 0–1, "
+        "shard 0 → ranks 2–3, shard 1 → ranks 4–5, shard 3 → ranks 6–7")  # fmt: skip
     row(8, "2", "restart requested", "")
     row(8, "2", "DEAD → RESTARTING", "restart requested (attempt 1 of 5) [evidence: seq 8]")
     row(9, "2", "restart loaded", "http://127.0.0.1:8012/v1")
@@ -185,8 +186,8 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
     row(16, "1", "condemned", "the only SUSPECT shard when refit 3 aborted")
     row(16, "1", "STALE → DEAD", "condemned as the silent participant: the only SUSPECT shard")
     row(18, "", "refit v3 completed", "seq 17→18, ")
-    row(18, "", "epoch 4", "serving [0,2,3] · absent [1] · world 8: trainer 0–1, shard 0 2–3, "
-        "shard 2 4–5, shard 3 6–7")  # fmt: skip
+    row(18, "", "epoch 4", "serving [0,2,3] · absent [1] · world 8: trainers → ranks 0–1, "
+        "shard 0 → ranks 2–3, shard 2 → ranks 4–5, shard 3 → ranks 6–7")  # fmt: skip
     assert re.match(r"^\S+ \S+\s+19\s+run ended \(completed\)\s+demo script finished$", rows[-1])
 
 

@@ -169,7 +169,7 @@ def test_kill_an_idle_shard_it_is_dead_at_once_traffic_moves_and_the_run_complet
     ) in out
     assert "absent: no traffic and no rank in the next refit communicator" in out
     assert "serving [0], absent [1]" in out
-    assert "layout: world 4 = 2 trainer ranks + 1 shard × 2: shard 0 at ranks 2–3" in out
+    assert "layout: world 4: trainers → ranks 0–1, shard 0 → ranks 2–3" in out
     assert "restarts: 0 of max_restart_attempts_per_shard 5 used" in out
 
     run = explain(sqlite_url)
@@ -624,7 +624,7 @@ def test_fleet_exhausted_below_min_healthy_shards_ends_the_run_with_that_cause(
         "timeout: no answer within probe_timeout_s=2) ≥ unhealthy_threshold 3; no actor death "
         "was confirmed: the probe streak condemned it."
     ) in shard
-    assert "layout: world 3 = 2 trainer ranks + 1 shard × 1: shard 2 at rank 2" in shard
+    assert "layout: world 3: trainers → ranks 0–1, shard 2 → ranks 2–2" in shard
 
 
 # ── a stall with nothing in flight ─────────────────────────────────────────────

@@ -28,6 +28,7 @@ from fleetledger.projections.history import (
     StallEntry,
     TransitionEntry,
 )
+from fleetledger.projections.rank_layout import layout_words, shard_ranks_of
 from fleetledger.projections.shard_states import ShardState
 
 # Rows per rendered table: rich measures a whole table before printing it, so a long
@@ -74,25 +75,12 @@ def _seqs(seqs: Iterable[int]) -> str:
 
 
 def describe_layout(entry: EpochEntry, config: FleetConfig) -> str:
-    """The rank layout as ranges: the trainer ranks, then each present shard's ranks.
-
-    ``shard_prefixes`` are worker offsets after the trainer ranks (the transports'
-    contract); a reader wants global ranks, so they are shifted here.
-    """
+    """The rank layout in the one notation (``rank_layout.layout_words``)."""
     if entry.world_size is None or entry.shard_prefixes is None:
         return f"no rank layout: {entry.layout_error}"
     trainers = config.train_world_size
-    width = config.workers_per_shard
-    parts = [f"trainer {_span(0, trainers)}"]
-    parts += [
-        f"shard {shard} {_span(trainers + prefix, trainers + prefix + width)}"
-        for shard, prefix in sorted(entry.shard_prefixes.items(), key=lambda kv: kv[1])
-    ]
-    return f"world {entry.world_size}: " + ", ".join(parts)
-
-
-def _span(first: int, end: int) -> str:
-    return str(first) if end - first == 1 else f"{first}–{end - 1}"
+    ranks = shard_ranks_of(entry.shard_prefixes, trainers, config.workers_per_shard)
+    return layout_words(entry.world_size, trainers, ranks)
 
 
 def _transition_row(entry: TransitionEntry, config: FleetConfig) -> Row:

@@ -145,11 +145,12 @@ def render_membership(view: "FleetView") -> None:
     if layout is None:
         say(f"rank layout: none ({doc['layout_error']})")
     else:
-        say(
-            f"rank layout: world {layout['world_size']} = {layout['train_world_size']} trainer "
-            f"ranks + {len(layout['shard_prefixes'])} shards × {layout['workers_per_shard']}; "
-            f"shard prefixes {layout['shard_prefixes']}"
-        )
+        from fleetledger.projections.rank_layout import layout_words, shard_ranks_of
+
+        trainers = layout["train_world_size"]
+        prefixes = {int(shard): prefix for shard, prefix in layout["shard_prefixes"].items()}
+        ranks = shard_ranks_of(prefixes, trainers, layout["workers_per_shard"])
+        say(f"rank layout: {layout_words(layout['world_size'], trainers, ranks)}")
     if doc["exhausted"]:
         say(f"exhausted: {doc['exhausted']}")
     if doc["ended"]:

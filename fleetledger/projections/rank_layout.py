@@ -86,3 +86,31 @@ def rank_layout(
     width = total_workers // dp_size
     prefixes = {shard: k * width for k, shard in enumerate(shards)}
     return RankLayout(dp_size, train_world_size, width, MappingProxyType(prefixes))
+
+
+def layout_words(
+    world_size: int, train_world_size: int, shard_ranks: Mapping[int, Iterable[int]]
+) -> str:
+    """The layout in the one notation every command prints: global ranks, as the
+    communicator numbers them — ``world 4: trainers → ranks 0–0, shard 0 → ranks 1–1,
+    shard 2 → ranks 2–3``. Story: it was written three ways (``shard prefixes {'0': 0}``,
+    worker offsets with string keys; ``shard 0 1``; ``shard 0 at rank 1``)."""
+
+    def ranks(first: int, last: int) -> str:
+        return f"ranks {first}–{last}"
+
+    parts = [f"trainers → {ranks(0, train_world_size - 1)}"]
+    for shard, held in sorted(shard_ranks.items(), key=lambda item: min(item[1])):
+        held = tuple(held)
+        parts.append(f"shard {shard} → {ranks(min(held), max(held))}")
+    return f"world {world_size}: " + ", ".join(parts)
+
+
+def shard_ranks_of(
+    shard_prefixes: Mapping[int, int], train_world_size: int, workers_per_shard: int
+) -> dict[int, range]:
+    """Each surviving shard's global ranks, from its worker offset (``shard_prefixes``)."""
+    return {
+        shard: range(train_world_size + prefix, train_world_size + prefix + workers_per_shard)
+        for shard, prefix in shard_prefixes.items()
+    }

@@ -17,11 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetledger.events.models import RecordedEvent
-from fleetledger.projections.explain.words import count_of
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.history import Entry, RefitEntry
 from fleetledger.projections.json_form import JsonForm
-from fleetledger.projections.rank_layout import RankLayoutError
+from fleetledger.projections.rank_layout import RankLayoutError, layout_words
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +46,7 @@ class LayoutSummary(JsonForm):
     def describe(self) -> str:
         if self.world_size is None:
             return f"no refit communicator can be built ({self.error})"
-
-        def where(ranks: tuple[int, ...]) -> str:
-            if len(ranks) == 1:
-                return f"rank {ranks[0]}"
-            return f"ranks {ranks[0]}–{ranks[-1]}"
-
-        placed = ", ".join(f"shard {s} at {where(r)}" for s, r in self.shard_ranks.items())
-        return (
-            f"world {self.world_size} = {self.train_world_size} trainer ranks + "
-            f"{count_of(len(self.shard_ranks), 'shard')} × {self.workers_per_shard}: {placed}"
-        )
+        return layout_words(self.world_size, self.train_world_size, self.shard_ranks)
 
 
 def started_at_us(entries: Sequence[Entry], evidence: Mapping[int, RecordedEvent]) -> int | None:
