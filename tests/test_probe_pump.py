@@ -6,6 +6,7 @@ saw is the input under test); the real Ray prober is exercised in test_chaos_ray
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Mapping
 
@@ -137,3 +138,26 @@ def test_the_loop_stops_when_the_run_ends(ledger):
     thread.join(30)
     assert not thread.is_alive()
     assert pump.rounds == 0
+
+
+def test_a_deep_probes_failure_says_it_was_deep(sqlite_url: str) -> None:
+    """A wedged engine core answers /health but not a token: a failure of the deep probe
+    says so in the round, the rule and the explanation; a plain one is stored as it
+    always was (``deep`` left out of the payload)."""
+
+    class Wedged:
+        def probe(self, shards, timeout_s, *, deep=False):
+            return {s: ProbeResult("timeout", "no token within 2s") for s in shards}
+
+    with EventLog.open(sqlite_url) as log:
+        for run, deep in (("deep", True), ("plain", False)):
+            ledger = Ledger.start(log, run, fleet_config(1))
+            config = FleetHealthConfig(enabled=True, deep_probe=deep)
+            ProbePump(ledger, Wedged(), config).probe_round()
+            (recorded,) = [r for r in log.read(run) if r.event.type == "probe_round"]
+            (failure,) = recorded.event.failed
+            assert failure.deep is deep
+            stored = json.loads(recorded.event.model_dump_json())["failed"][0]
+            assert ("deep" in stored) is deep
+            rule = ledger.view.shards[0].since_rule
+            assert rule == f"failed probe: {'deep ' if deep else ''}timeout: no token within 2s"

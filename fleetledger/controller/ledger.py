@@ -81,6 +81,7 @@ class ProbeResult:
     error: str = ""
     incarnation: int | None = field(default=None, compare=False)
     what: DeathOf = "actor"
+    deep: bool = False  # a deep probe's (it asked the engine for a token)
 
     @classmethod
     def ok(cls, incarnation: int | None = None) -> ProbeResult:
@@ -100,7 +101,9 @@ def round_event(results: Mapping[int, ProbeResult]) -> ProbeRound:
             died.append(ProbeDeath(shard=shard, error=clip_text(result.error), what=result.what))
         else:
             failed.append(
-                ProbeFailure(shard=shard, kind=result.kind, error=clip_text(result.error))
+                ProbeFailure(
+                    shard=shard, kind=result.kind, error=clip_text(result.error), deep=result.deep
+                )
             )
     return ProbeRound(ok=tuple(ok), failed=tuple(failed), died=tuple(died))
 

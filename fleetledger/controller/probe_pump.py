@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -88,6 +88,11 @@ class ProbePump:
             if shards
             else {}
         )
+        if self._config.deep_probe:  # a failure says what kind of probe it failed
+            results = {
+                s: replace(r, deep=True) if r.kind in ("timeout", "error") else r
+                for s, r in results.items()
+            }
         unknown = set(results) - set(shards)
         if unknown:
             raise ValueError(f"the prober answered for shards it was not asked about: {unknown}")

@@ -242,13 +242,22 @@ class ActorDeathConfirmed(Event):
 
 
 class ProbeFailure(BaseModel):
-    """One shard's failed probe inside a round: what a v1 ``probe_failed`` event held."""
+    """One shard's failed probe inside a round: what a v1 ``probe_failed`` event held.
+
+    ``deep``: the probe asked the engine for a token, not only whether it answers
+    (``fleet_health.deep_probe``); ``False`` on every row written before the field.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     shard: ShardIndex
     kind: Literal["timeout", "error"]
     error: str = Field(default="", max_length=MAX_TEXT)
+    deep: bool = False
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"deep": False})
 
 
 class ProbeDeath(BaseModel):

@@ -350,7 +350,8 @@ class FleetView:
         self._check_shards(seq, e, e.shards_named(), what="probe result")
         results: list[tuple[int, Signal | None]] = [(shard, None) for shard in ok]
         for f in e.failed:
-            text = f"{f.kind}: {f.error}" if f.error else f.kind
+            kind = f"deep {f.kind}" if f.deep else f.kind
+            text = f"{kind}: {f.error}" if f.error else kind
             results.append((f.shard, Signal(Input.PROBE_FAILED, seq, at, text=text)))
         for d in e.died:
             results.append((d.shard, Signal(_DEATH_INPUT[d.what], seq, at, text=d.error)))

@@ -105,7 +105,8 @@ def _probe_round(e: ProbeRound, shard: int | None) -> str:
             return f"probe of shard {about} answered"
         if isinstance(result, ProbeFailure):
             detail = f": {result.error}" if result.error else ""
-            return f"probe of shard {about} failed ({result.kind}{detail})"
+            probe = "deep probe" if result.deep else "probe"
+            return f"{probe} of shard {about} failed ({result.kind}{detail})"
         if isinstance(result, ProbeDeath):
             return death_words(result)
     parts = [f"{len(e.ok)} answered"]
