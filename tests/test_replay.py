@@ -195,7 +195,13 @@ def test_replay_json_lines_equal_the_history_projection(demo_url: str) -> None:
     docs = replay_json(demo_url, DEMO_RUN)
     assert docs == as_docs(expected_entries(demo_url, DEMO_RUN))
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("epoch") == 5 and kinds.count("refit") == 4 and kinds[-1] == "end"
+    assert kinds.count("refit") == 4 and kinds[-1] == "end"
+    # A membership entry at each change of the serving set (the epoch: 5) and at each
+    # change of the absent set alone (the layout: the replacement loaded at seq 9, the
+    # condemnation at 16 — STALE → DEAD leaves the serving set as it was).
+    membership = [(d["seq"], d["epoch_moved"]) for d in docs if d["kind"] == "epoch"]
+    assert [seq for seq, moved in membership if moved] == [1, 6, 11, 15, 18]
+    assert [seq for seq, moved in membership if not moved] == [9, 16]
     aborted = [d for d in docs if d["kind"] == "refit" and d["outcome"] == "aborted"]
     assert len(aborted) == 1
     assert aborted[0]["reason"] == "broadcast did not finish within refit_timeout_s=30"
@@ -338,7 +344,8 @@ def test_export_import_replay_is_identical(demo_sqlite: str, tmp_path: Path, for
 
 
 def test_history_transitions_and_epochs_are_the_folds(sqlite_url: str) -> None:
-    """The history's transitions are the fold's, and its epochs are where the fold's moved.
+    """The history's transitions are the fold's, and its membership entries are where
+    the fold's epoch moved or its absent set changed (the layout).
 
     Checked against ``FleetView.apply`` event by event, so a shortcut in
     ``History.feed`` (it takes one for probe results and adapter windows) cannot drop or
@@ -350,15 +357,19 @@ def test_history_transitions_and_epochs_are_the_folds(sqlite_url: str) -> None:
     entries = list(replay(recorded))
     view = FleetView.start(recorded[0])
     transitions: list[TransitionEntry] = []
-    epochs = [(1, 0)]
+    memberships = [(1, 0, True)]
+    shown_absent = view.absent
     for r in recorded[1:]:
         before = view.epoch
         transitions += [TransitionEntry.of(t) for t in view.apply(r)]
-        if view.epoch != before:
-            epochs.append((r.seq, view.epoch))
+        if view.epoch != before or view.absent != shown_absent:
+            memberships.append((r.seq, view.epoch, view.epoch != before))
+            shown_absent = view.absent
     assert [e for e in entries if isinstance(e, TransitionEntry)] == transitions
-    assert [(e.seq, e.epoch) for e in entries if isinstance(e, EpochEntry)] == epochs
-    assert len(transitions) > 50 and len(epochs) > 5
+    shown = [(e.seq, e.epoch, e.epoch_moved) for e in entries if isinstance(e, EpochEntry)]
+    assert shown == memberships
+    assert len(transitions) > 50 and sum(moved for *_, moved in memberships) > 5
+    assert not all(moved for *_, moved in memberships)  # the layout alone moved too
 
 
 # ── the progress bar ───────────────────────────────────────────────────────────

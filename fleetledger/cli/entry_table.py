@@ -95,7 +95,7 @@ def _transition_row(entry: TransitionEntry, config: FleetConfig) -> Row:
 def _epoch_row(entry: EpochEntry, config: FleetConfig) -> Row:
     return (
         "",
-        f"epoch {entry.epoch}",
+        f"epoch {entry.epoch}" if entry.epoch_moved else "layout",
         f"serving [{_shards(entry.serving)}] · absent [{_shards(entry.absent)}] · "
         + describe_layout(entry, config),
         "bold cyan",

@@ -98,6 +98,10 @@ class TransitionEntry(Entry):
 
 @dataclass(frozen=True, slots=True)
 class EpochEntry(Entry):
+    """The membership and its rank layout, whenever the serving set (the epoch) or the
+    absent set (the layout) changed. ``epoch_moved`` False: only the absent set did — a
+    replacement loaded (RESTARTING → STALE) rejoins the layout before it serves."""
+
     kind: ClassVar[str] = "epoch"
 
     epoch: int
@@ -106,6 +110,7 @@ class EpochEntry(Entry):
     world_size: int | None
     shard_prefixes: dict[int, int] | None
     layout_error: str | None
+    epoch_moved: bool = True
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -203,14 +208,22 @@ ENTRY_TYPES: tuple[type[Entry], ...] = (
 )
 
 
-def _epoch_entry(view: FleetView) -> EpochEntry:
+def _epoch_entry(view: FleetView, *, epoch_moved: bool = True) -> EpochEntry:
     try:
         layout = view.layout()
         world, prefixes, error = layout.world_size, dict(layout.shard_prefixes), None
     except RankLayoutError as exc:
         world, prefixes, error = None, None, str(exc)
     return EpochEntry(
-        view.seq, view.at_us, view.epoch, view.serving, view.absent, world, prefixes, error
+        view.seq,
+        view.at_us,
+        view.epoch,
+        view.serving,
+        view.absent,
+        world,
+        prefixes,
+        error,
+        epoch_moved,
     )
 
 
@@ -221,6 +234,7 @@ class History:
         self.view = view
         # The refit in progress as of the view's seq (restored from the view on resume).
         self._refit: OpenRefit | None = view.open_refit
+        self._absent = view.absent  # as the last membership entry showed it
 
     @classmethod
     def start(cls, first: RecordedEvent) -> tuple[History, list[Entry]]:
@@ -246,9 +260,18 @@ class History:
         entries = build(
             self, event, recorded.seq, recorded.at_us, [TransitionEntry.of(t) for t in transitions]
         )
-        if view.epoch != epoch:
-            entries.append(_epoch_entry(view))
+        entries += self._membership_moved(epoch)
         return entries
+
+    def _membership_moved(self, epoch_before: int) -> list[Entry]:
+        """The membership entry, when an event that moved a shard changed the serving
+        set or the absent set (the layout the next refit builds)."""
+        view = self.view
+        moved = view.epoch != epoch_before
+        if not moved and view.absent == self._absent:
+            return []
+        self._absent = view.absent
+        return [_epoch_entry(view, epoch_moved=moved)]
 
     def feed_page(self, page: Sequence[RecordedEvent]) -> list[Entry]:
         """``feed`` of every event of ``page``, in order: the entries they add.
@@ -274,8 +297,7 @@ class History:
                 recorded.at_us,
                 [TransitionEntry.of(t) for t in transitions],
             )
-            if view.epoch != epoch:
-                entries.append(_epoch_entry(view))
+            entries += self._membership_moved(epoch)
             out += entries
         return out
 

@@ -226,7 +226,8 @@ def build_lanes(
         elif isinstance(entry, RefitEntry):
             refits.append(entry)
         elif isinstance(entry, EpochEntry):
-            epochs.append(entry)
+            if entry.epoch_moved:  # a layout-only entry is no new epoch on the timeline
+                epochs.append(entry)
         elif isinstance(entry, DecisionEntry):
             decisions.append(entry)
         elif isinstance(entry, StallEntry):
