@@ -592,3 +592,33 @@ def test_without_a_boundary_the_generation_site_classifies_as_everywhere() -> No
     assert classify_generation_failure(ConnectionResetError()) == Classification(
         INFRA, "connection"
     )
+
+
+def _aiohttp_connection_family() -> list[type[BaseException]]:
+    """Every connection-level class aiohttp has (the installed one's, found by walking)."""
+    aiohttp = pytest.importorskip("aiohttp", reason="aiohttp is not installed")
+    family, todo = [], [aiohttp.ClientConnectionError]
+    while todo:
+        cls = todo.pop()
+        family.append(cls)
+        todo += cls.__subclasses__()
+    return family
+
+
+@pytest.mark.parametrize("real", _aiohttp_connection_family(), ids=lambda c: c.__name__)
+def test_an_aiohttp_connection_error_is_infrastructure_by_its_qualified_name(real) -> None:
+    """An aiohttp connection error that crossed into a process where aiohttp's classes are
+    not importable (a stand-in with aiohttp's module and name, and none of its bases) is
+    still infrastructure, as the real class is: every class of the family is known by
+    name, so a class aiohttp adds later fails here, not in a run."""
+    stand_in = type(real.__name__, (Exception,), {"__module__": real.__module__})
+    assert stand_in.__mro__[1] is Exception  # nothing of aiohttp's hierarchy
+    by_name = classify_exception(stand_in("no route to the backend"))
+    assert by_name.kind is FailureKind.INFRA
+    assert by_name.reason == classify_exception(_instance(real)).reason
+
+
+def _instance(cls: type[BaseException]) -> BaseException:
+    """A real instance, whatever the constructor wants (the classification reads only
+    the type)."""
+    return cls.__new__(cls)

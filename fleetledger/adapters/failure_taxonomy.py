@@ -154,11 +154,25 @@ _NAMED_INFRA: dict[tuple[str, str], str] = {
     ("ray", "RaySystemError"): "ray_system",
     ("ray", "RpcError"): "rpc",
     ("ray", "GetTimeoutError"): "timeout",
-    # aiohttp: connection-level failures (ServerDisconnected, ClientOSError, ...).
+    # aiohttp: connection-level failures, every class of the family by its own name: an
+    # error unpickled where aiohttp is not importable (another process's, a stand-in)
+    # has no aiohttp base classes in its MRO, only its module and name.
     ("aiohttp", "ServerTimeoutError"): "timeout",
+    ("aiohttp", "ConnectionTimeoutError"): "timeout",
+    ("aiohttp", "SocketTimeoutError"): "timeout",
     ("aiohttp", "ClientConnectionError"): "connection",
+    ("aiohttp", "ClientConnectionResetError"): "connection",
+    ("aiohttp", "ClientOSError"): "connection",
     ("aiohttp", "ClientConnectorError"): "connection",
+    ("aiohttp", "ClientConnectorDNSError"): "connection",
+    ("aiohttp", "ClientProxyConnectionError"): "connection",
+    ("aiohttp", "UnixClientConnectorError"): "connection",
+    ("aiohttp", "ClientSSLError"): "connection",
+    ("aiohttp", "ClientConnectorSSLError"): "connection",
+    ("aiohttp", "ClientConnectorCertificateError"): "connection",
+    ("aiohttp", "ServerConnectionError"): "connection",
     ("aiohttp", "ServerDisconnectedError"): "connection",
+    ("aiohttp", "ServerFingerprintMismatch"): "connection",
     # A truncated response body is a transport problem, not a bad prompt.
     ("aiohttp", "ClientPayloadError"): "payload",
     # openai client (wraps httpx): connection failures and its timeout.
