@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fleetledger.adapters.failure_taxonomy import FailureKind
 from fleetledger.adapters.outcome_reporter import OutcomeReporter, OutcomeWindow
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.models import OutcomeWindowReported
+from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
@@ -180,3 +180,44 @@ def test_blips_inside_successful_windows_never_condemn(windows):
         )
     view = fold(events)
     assert view.state_of(0) in (ShardState.HEALTHY, ShardState.SUSPECT)
+
+
+def test_a_window_keeps_what_the_first_failure_of_each_reason_said(sqlite_url):
+    """A category alone (``timeout``) is not what a post-mortem needs: the window keeps
+    the first failure's own words per reason — the exception's type and message, or the
+    status and its body's first line — and the rule of a reported streak quotes it."""
+    window = OutcomeWindow()
+    window.failure(0, TimeoutError("no reply"))
+    window.failure(0, TimeoutError("no reply again"))  # counted; the first one speaks
+    window.failure(0, status=503, detail="engine overloaded\n<html>…")
+    window.failure(1, ConnectionResetError())  # no message: the type says it
+    window.failure(1, status=502)  # no body: the status says it
+    outcomes = window.take()
+    said = {(o.shard, f.reason): (f.count, f.example) for o in outcomes for f in o.failures}
+    assert said[(0, "timeout")] == (2, "TimeoutError: no reply")
+    assert said[(0, "http_503")] == (1, "HTTP 503: engine overloaded")
+    assert said[(1, "connection")] == (1, "ConnectionResetError")
+    assert said[(1, "http_502")] == (1, "HTTP 502")
+    with EventLog.open(sqlite_url) as log:
+        ledger = Ledger.start(log, "r", fleet_config(2, unhealthy_threshold=1))
+        ledger.report_outcomes("router", outcomes)
+        assert ledger.view.state_of(0) is ShardState.DEAD
+        rule = ledger.view.shards[0].since_rule
+        assert "timeout ×2 (TimeoutError: no reply)" in rule, rule
+        assert "http_503 ×1 (HTTP 503: engine overloaded)" in rule, rule
+
+
+def test_a_window_without_examples_is_stored_as_before():
+    """Left out when empty: a window of the old meaning is the bytes an older
+    fleetledger wrote (and reads)."""
+    old = OutcomeWindowReported(
+        adapter="a",
+        outcomes=(
+            ShardOutcomes(shard=0, failures=(FailureCount(category="infra", reason="timeout"),)),
+        ),
+    )
+    assert "example" not in old.model_dump_json()
+    long = FailureCount(category="infra", reason="timeout", example="x" * 200)
+    assert long.example == "x" * 200
+    with pytest.raises(ValueError):
+        FailureCount(category="infra", reason="timeout", example="x" * 201)

@@ -26,8 +26,14 @@ from fleetledger.adapters.failure_taxonomy import (
     FailureKind,
     classify_exception,
     classify_http_status,
+    exception_text,
 )
-from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
+from fleetledger.events.models import (
+    MAX_EXAMPLE,
+    FailureCount,
+    OutcomeWindowReported,
+    ShardOutcomes,
+)
 from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
 
@@ -38,6 +44,19 @@ __all__ = ["OutcomeReporter", "OutcomeWindow"]
 class _ShardTally:
     successes: int = 0
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
+    examples: dict[tuple[str, str], str] = field(default_factory=dict)  # the first of each
+
+
+def _example(error: BaseException | None, status: int | None, detail: str | None) -> str:
+    """One line of what failed: the exception's type and message, or the status and
+    the first line of its body."""
+    if error is not None:
+        text = exception_text(error).strip().splitlines()
+        said = f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+    else:
+        body = (detail or "").strip().splitlines()
+        said = f"HTTP {status}: {body[0]}" if body else f"HTTP {status}"
+    return said[:MAX_EXAMPLE]
 
 
 class OutcomeWindow:
@@ -77,9 +96,12 @@ class OutcomeWindow:
         )
         if verdict.kind is FailureKind.CANCELLED:
             return verdict
+        key = (verdict.kind.value, verdict.reason)
         with self._lock:
             tally = self._tallies.setdefault(shard, _ShardTally())
-            tally.failures[(verdict.kind.value, verdict.reason)] += 1
+            tally.failures[key] += 1
+            if key not in tally.examples:
+                tally.examples[key] = _example(error, status, detail)
         return verdict
 
     def take(self) -> tuple[ShardOutcomes, ...]:
@@ -91,7 +113,12 @@ class OutcomeWindow:
                 shard=shard,
                 successes=tally.successes,
                 failures=tuple(
-                    FailureCount(category=category, reason=reason[:4096], count=count)  # type: ignore[arg-type]
+                    FailureCount(
+                        category=category,  # type: ignore[arg-type]
+                        reason=reason[:4096],
+                        count=count,
+                        example=tally.examples.get((category, reason), ""),
+                    )
                     for (category, reason), count in sorted(tally.failures.items())
                 ),
             )

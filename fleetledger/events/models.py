@@ -335,14 +335,28 @@ class ProbeRound(Event):
 # ── what adapters saw ──────────────────────────────────────────────────────────
 
 
+MAX_EXAMPLE = 200
+"""The longest ``FailureCount.example``: one line of what failed, not its traceback."""
+
+
 class FailureCount(BaseModel):
-    """Failures of one category and reason inside one window."""
+    """Failures of one category and reason inside one window.
+
+    ``example``: what the first of them said, as raised — ``TimeoutError: no reply``, or
+    the HTTP status and its body's first line — so a category (``timeout``) is not all a
+    post-mortem has; ``""`` on every row written before the field (left out then).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     category: Literal["infra", "data"]
     reason: Reason
     count: int = Field(default=1, ge=1)
+    example: str = Field(default="", max_length=MAX_EXAMPLE)
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"example": ""})
 
 
 class ShardOutcomes(BaseModel):

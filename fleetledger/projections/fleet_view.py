@@ -71,6 +71,7 @@ from fleetledger.projections.shard_states import (
     Thresholds,
     Transition,
     all_healthy_probes_ok,
+    failure_tally,
     healthy_probe_ok,
     reported_success_quiet,
     shard_list,
@@ -379,7 +380,7 @@ class FleetView:
         for o in e.outcomes:
             infra = [f for f in o.failures if f.category == "infra"]
             if infra:
-                text = "; ".join(f"{f.reason} ×{f.count}" for f in infra)
+                text = "; ".join(failure_tally(f) for f in infra)
                 count = sum(f.count for f in infra)
                 out += self._signal(
                     o.shard, Signal(Input.REPORTED_FAILURE, seq, at, count=count, text=text)

@@ -21,6 +21,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an annotation only: the state machine itself needs no event model
+    from fleetledger.events.models import FailureCount
 
 
 class ShardState(enum.StrEnum):
@@ -128,6 +132,14 @@ class Transition:
     input: Input
     rule: str
     evidence: tuple[int, ...]  # seqs that support the rule (streak members, or the cause)
+
+
+def failure_tally(f: FailureCount) -> str:
+    """``timeout ×2 (TimeoutError: no reply)``: a reported failure's reason, its count
+    and what the first said, as a rule text and the explanations write it (windows
+    recorded before the example existed read ``timeout ×2``)."""
+    said = f" ({f.example})" if f.example else ""
+    return f"{f.reason} ×{f.count}{said}"
 
 
 def shard_list(shards: Sequence[int]) -> str:

@@ -40,7 +40,7 @@ from fleetledger.events.models import (
     StallDetected,
     WeightsMarkedPartial,
 )
-from fleetledger.projections.shard_states import shard_list  # the one phrase, shared
+from fleetledger.projections.shard_states import failure_tally, shard_list  # shared phrases
 
 # How many transitions / findings ``.text`` lists before it summarises the rest
 # (``as_json`` always carries every one).
@@ -124,7 +124,7 @@ def _outcomes(e: OutcomeWindowReported, shard: int | None) -> str:
         return f"adapter {e.adapter} reported nothing about shard {shard}"
     parts = []
     for o in chosen:
-        failures = ", ".join(f"{f.category} {f.reason} ×{f.count}" for f in o.failures)
+        failures = ", ".join(f"{f.category} {failure_tally(f)}" for f in o.failures)
         parts.append(
             f"shard {o.shard}: {o.successes} successes"
             + (f", failures: {failures}" if failures else ", no failures")
