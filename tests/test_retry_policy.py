@@ -300,7 +300,9 @@ def test_an_infra_exhausted_prompt_is_dropped_while_the_streak_is_under_the_budg
         outcomes[2]
     )
     assert counters.dropped == {"connection": 2} and counters.skipped == {}
-    assert counters.exhausted == {"infra": 1} and counters.redispatched == {}
+    # Three prompts exhausted their infra budget (two dropped, one ended the run); none
+    # of them is a re-dispatch.
+    assert counters.exhausted == {"infra": 3} and counters.redispatched == {}
     assert (counters.consecutive_dropped, counters.max_consecutive_dropped) == (2, 2)
 
 
@@ -323,6 +325,7 @@ def test_a_commit_clears_the_drop_streak_and_keeps_the_high_water_mark() -> None
     assert [type(o) for o in outcomes[:2] + outcomes[3:]] == [PromptDropped] * 4
     assert outcomes[2] is OK
     assert counters.dropped == {"connection": 4} and counters.committed == 1
+    assert counters.exhausted == {"infra": 4} and counters.redispatched == {}
     assert (counters.consecutive_dropped, counters.max_consecutive_dropped) == (2, 2)
 
 

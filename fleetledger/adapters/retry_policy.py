@@ -142,7 +142,9 @@ class RolloutCounters:
     A rising re-dispatch count is the only externally visible sign that the fleet is
     degrading, so these are not optional bookkeeping: the watchdog publishes them.
     Drops (a prompt given up after its infrastructure budget) are counted apart from
-    re-dispatches (an attempt retried elsewhere), with the longest streak of drops.
+    re-dispatches (an attempt retried elsewhere), with the longest streak of drops;
+    ``exhausted`` counts prompts whose budget ran out by budget (``infra`` — dropped or
+    run-ending —, ``data``, ``skip``).
     Share one instance across every ``run_rollout`` of a run (the budgets are
     run-wide). Mutated only on the event loop, between awaits, so no lock is needed.
     """
@@ -337,7 +339,12 @@ def _drop_or_fail(
     attempts: int,
     infra_failures: int,
 ) -> NoReturn:
-    """Decide an exhausted infrastructure budget: always raises (drop, or fail the run)."""
+    """Decide an exhausted infrastructure budget: always raises (drop, or fail the run).
+
+    ``exhausted["infra"]`` counts every prompt whose infrastructure budget ran out,
+    dropped or not: with ``dropped`` (by reason) beside it, a reader tells how many were
+    given up from how many ended the run — and neither is a re-dispatch."""
+    counters.exhausted["infra"] += 1
     budget = policy.max_consecutive_dropped
     if budget and counters.consecutive_dropped < budget:
         counters.dropped[verdict.reason] += 1
@@ -346,7 +353,6 @@ def _drop_or_fail(
             counters.max_consecutive_dropped, counters.consecutive_dropped
         )
         raise PromptDropped(prompt_id, verdict, attempts) from exc
-    counters.exhausted["infra"] += 1
     streak = (
         f"; {counters.consecutive_dropped} prompts dropped in a row reached "
         f"max_consecutive_dropped_prompts {budget}"
