@@ -287,8 +287,10 @@ class RouterConfig(_Section):
     DEFAULT_BACKEND_TIMEOUT_S: ClassVar[float] = 300.0
 
     enabled: bool = False
-    connect_timeout_s: Seconds | None = None
-    backend_timeout_s: Seconds | None = None
+    # The defaults are written here, where a reader of the configuration sees them; a
+    # ``null`` in a file means the same default (never an unbounded call).
+    connect_timeout_s: Seconds | None = DEFAULT_CONNECT_TIMEOUT_S
+    backend_timeout_s: Seconds | None = DEFAULT_BACKEND_TIMEOUT_S
     no_healthy_status: int = Field(default=409, ge=400, le=599)
 
     @property
@@ -299,11 +301,15 @@ class RouterConfig(_Section):
         return self.DEFAULT_BACKEND_TIMEOUT_S
 
     @property
+    def _connect_set(self) -> bool:
+        return "connect_timeout_s" in self.model_fields_set and self.connect_timeout_s is not None
+
+    @property
     def connect_bound_s(self) -> float:
         """The bound on connecting to a backend (default 5 s, or the backend bound if
         that is shorter: connecting is part of the backend call)."""
-        if self.connect_timeout_s is not None:
-            return self.connect_timeout_s
+        if self._connect_set:
+            return self.connect_timeout_s  # type: ignore[return-value]
         return min(self.DEFAULT_CONNECT_TIMEOUT_S, self.backend_bound_s)
 
     @model_validator(mode="after")
@@ -314,10 +320,11 @@ class RouterConfig(_Section):
                 f"router's clients retry ({sorted(CLIENT_RETRIED_STATUSES)}): with no serving "
                 "shard they would retry forever; use a non-retried 4xx such as 409"
             )
-        if self.connect_timeout_s is not None and self.connect_timeout_s > self.backend_bound_s:
+        if self._connect_set and self.connect_bound_s > self.backend_bound_s:
             backend = (
                 f"{self._key('backend_timeout_s')}={self.backend_timeout_s}"
-                if self.backend_timeout_s is not None
+                if "backend_timeout_s" in self.model_fields_set
+                and self.backend_timeout_s is not None
                 else f"the default {self._key('backend_timeout_s')} of {self.backend_bound_s:g}"
             )
             raise ValueError(
@@ -338,6 +345,26 @@ class ControllerConfig(_Section):
     watchdog: WatchdogConfig = WatchdogConfig()
     refit: RefitConfig = RefitConfig()
     router: RouterConfig = RouterConfig()
+
+    @model_validator(mode="after")
+    def _backend_call_inside_the_generation_deadline(self) -> ControllerConfig:
+        # A router call that outlives the generation's deadline is abandoned by the
+        # rollout while the router still waits on the engine: the deadline fires, the
+        # rollout is re-dispatched, and the first call keeps the engine busy.
+        if not self.router.enabled:
+            return self
+        for name in ("generation_timeout_s", "rollout_timeout_s"):
+            deadline = getattr(self.timeouts, name)
+            if deadline is None:
+                continue
+            if self.router.backend_bound_s > deadline:
+                raise ValueError(
+                    f"router.backend_timeout_s={self.router.backend_bound_s:g} is longer than "
+                    f"timeouts.{name}={deadline:g}: a backend call would outlive the "
+                    "rollout's deadline; lower router.backend_timeout_s to at most it"
+                )
+            break  # the innermost deadline set is the one a backend call must fit
+        return self
 
     @model_validator(mode="after")
     def _stall_outlasts_every_deadline(self) -> ControllerConfig:

@@ -56,9 +56,10 @@ def test_no_keys_builds_and_changes_nothing() -> None:
         config.timeouts.rollout_timeout_s,
         config.timeouts.generation_timeout_s,
         config.timeouts.env_timeout_s,
-        config.router.connect_timeout_s,
-        config.router.backend_timeout_s,
-    ) == (None,) * 5  # every rollout and router deadline: wait indefinitely
+    ) == (None,) * 3  # every rollout deadline: wait indefinitely
+    # The router's are bounded, and the defaults are where a reader of the config sees them.
+    assert (config.router.connect_timeout_s, config.router.backend_timeout_s) == (5.0, 300.0)
+    assert config.model_dump()["router"]["backend_timeout_s"] == 300.0
     # … except the refit's: a collective with a dead rank in it never returns by itself.
     assert (config.refit.refit_timeout_s, config.refit.bound_s) == (300, 360)
     assert ControllerConfig.from_mapping({"refit": {"refit_timeout_s": None}}).refit.bound_s is None
@@ -221,6 +222,34 @@ def test_connect_timeout_must_not_exceed_backend_timeout() -> None:
         "router.connect_timeout_s=10.0",
         "router.backend_timeout_s=5.0",
     )
+
+
+def test_a_router_call_must_fit_inside_the_generation_deadline() -> None:
+    """A backend call that outlives the deadline keeps the engine busy with a rollout
+    already re-dispatched elsewhere: refused, naming both keys."""
+    rejected(
+        {"router": {"enabled": True}, "timeouts": {"generation_timeout_s": 60}},
+        "router.backend_timeout_s=300",
+        "timeouts.generation_timeout_s=60",
+    )
+    rejected(
+        {
+            "router": {"enabled": True, "backend_timeout_s": 90},
+            "timeouts": {"rollout_timeout_s": 60},
+        },
+        "router.backend_timeout_s=90",
+        "timeouts.rollout_timeout_s=60",
+    )
+    fits = ControllerConfig.from_mapping(
+        {
+            "router": {"enabled": True, "backend_timeout_s": 60},
+            "timeouts": {"generation_timeout_s": 60, "rollout_timeout_s": 500},
+        }
+    )
+    assert fits.router.backend_bound_s == 60 and fits.router.connect_bound_s == 5
+    # The router off, its timeouts bound nothing.
+    off = ControllerConfig.from_mapping({"timeouts": {"generation_timeout_s": 60}})
+    assert off.router.backend_timeout_s == 300
 
 
 @pytest.mark.parametrize("status", sorted(CLIENT_RETRIED_STATUSES))
