@@ -444,25 +444,42 @@ class ControllerConfig(_Section):
 
         The thresholds come from ``fleet_health``; the whole configuration is dumped into
         ``settings`` so a replay has every value the run had, not today's defaults.
+        Every refusal is a one-line :class:`ConfigError` naming what to fix (a
+        ``FleetledgerError``, so the documented ``except`` catches it).
         """
         health = self.fleet_health
         if health.min_healthy_shards > shard_count:
-            raise ValueError(
+            raise ConfigError(
                 f"fleet_health.min_healthy_shards={health.min_healthy_shards} exceeds "
                 f"shard_count={shard_count}: the fleet would be exhausted before it starts; "
                 "lower min_healthy_shards or add shards"
             )
-        return FleetConfig(
-            shard_count=shard_count,
-            workers_per_shard=workers_per_shard,
-            train_world_size=train_world_size,
-            unhealthy_threshold=health.unhealthy_threshold,
-            healthy_threshold=health.healthy_threshold,
-            max_restart_attempts_per_shard=health.max_restart_attempts_per_shard,
-            min_healthy_shards=health.min_healthy_shards,
-            base_urls=tuple(base_urls),
-            settings=self.model_dump(mode="json"),
-        )
+        urls = tuple(base_urls)
+        for shard, url in enumerate(urls):
+            if not isinstance(url, str) or not url:
+                # Story: an engine without base_url() answered None through
+                # fleet.base_urls(), and the run failed to start with pydantic's error.
+                raise ConfigError(
+                    f"base_urls[{shard}] is {url!r}: shard {shard} has no address to record; "
+                    "give its engine a base_url() (its OpenAI-compatible .../v1, or "
+                    f"ray://<actor name> when it serves no HTTP)"
+                )
+        try:
+            return FleetConfig(
+                shard_count=shard_count,
+                workers_per_shard=workers_per_shard,
+                train_world_size=train_world_size,
+                unhealthy_threshold=health.unhealthy_threshold,
+                healthy_threshold=health.healthy_threshold,
+                max_restart_attempts_per_shard=health.max_restart_attempts_per_shard,
+                min_healthy_shards=health.min_healthy_shards,
+                base_urls=urls,
+                settings=self.model_dump(mode="json"),
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or "fleet"
+            raise ConfigError(f"fleet configuration, {where}: {first['msg']}") from None
 
 
 def _move_renamed(settings: Mapping[str, Any]) -> dict[str, Any]:

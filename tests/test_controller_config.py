@@ -17,6 +17,7 @@ from fleetledger.config import (
     WatchdogConfig,
 )
 from fleetledger.controller.ledger import Ledger
+from fleetledger.errors import FleetledgerError
 from fleetledger.events.models import RunStarted
 from fleetledger.store.log import EventLog
 
@@ -467,7 +468,7 @@ def test_fleet_config_refuses_a_floor_above_the_fleet() -> None:
 
 
 def test_fleet_config_refuses_a_base_url_count_that_does_not_match() -> None:
-    with pytest.raises(ValidationError, match="base_urls has 3 entries for shard_count=4"):
+    with pytest.raises(ConfigError, match="base_urls has 3 entries for shard_count=4"):
         ControllerConfig().fleet_config(shard_count=4, train_world_size=1, base_urls=URLS[:3])
 
 
@@ -485,3 +486,22 @@ def test_settings_round_trip_through_a_real_ledger(sqlite_url: str) -> None:
     assert recorded == fleet
     assert ControllerConfig.from_recorded(recorded.settings) == config
     assert ControllerConfig.from_recorded(recorded.settings) != ControllerConfig()
+
+
+def test_the_fleet_configuration_refuses_in_one_line_naming_the_fix() -> None:
+    """What an embedder hands ``fleet_config`` (its fleet's ``base_urls()``, its counts)
+    is refused as a ``ConfigError`` — a ``FleetledgerError``, one line — never as
+    pydantic's multi-line ``ValidationError``."""
+    config = ControllerConfig()
+    with pytest.raises(ConfigError) as no_url:
+        config.fleet_config(shard_count=2, train_world_size=1, base_urls=["http://a/v1", None])
+    assert isinstance(no_url.value, FleetledgerError)
+    assert str(no_url.value).startswith("base_urls[1] is None: shard 1 has no address")
+    assert "base_url()" in str(no_url.value) and "\n" not in str(no_url.value)
+    with pytest.raises(ConfigError, match=r"base_urls has 1 entries for shard_count=2") as short:
+        config.fleet_config(shard_count=2, train_world_size=1, base_urls=["http://a/v1"])
+    assert "\n" not in str(short.value)
+    with pytest.raises(ConfigError, match=r"train_world_size: Input should be greater"):
+        config.fleet_config(shard_count=1, train_world_size=0, base_urls=["http://a/v1"])
+    made = config.fleet_config(shard_count=1, train_world_size=1, base_urls=["ray://shard-0"])
+    assert made.base_urls == ("ray://shard-0",)
