@@ -227,7 +227,11 @@ class WeightSynchronizer(ABC):
         ``gone``: shards known dead, absent or unresponsive (a failed probe, a silent
         party): told to abort like the rest, but not waited for — a frozen participant
         costs the time to detect it, no more. Returns what the members said about their
-        loads (:class:`AbortReport`)."""
+        loads (:class:`AbortReport`).
+
+        Called from another thread while ``reconcile`` or ``push`` waits (the refit
+        coordinator's watch): it must make that call return promptly, failing, and a
+        build it cut must never be installed afterwards."""
 
 
 class NoCollective(WeightSynchronizer):
