@@ -95,7 +95,10 @@ def test_the_death_of_a_new_incarnation_after_a_restart_is_recorded(log: EventLo
     assert ledger.actor_died(2, RAY_TEXT, incarnation=0) == []  # the old actor's: stale
     moved = ledger.actor_died(2, "ActorDiedError: the replacement died", incarnation=1)
     assert [(t.before, t.after) for t in moved] == [(ShardState.STALE, ShardState.DEAD)]
-    assert [d.error for d in deaths(log)] == [RAY_TEXT, "ActorDiedError: the replacement died"]
+    assert [d.cause.raw for d in deaths(log) if d.cause] == [
+        RAY_TEXT,
+        "ActorDiedError: the replacement died",
+    ]
     assert ledger.actor_died(2, "again", incarnation=1) == []
     assert ledger.collapsed_deaths == {2: 2}  # the stale report is dropped, not counted
 
@@ -109,7 +112,7 @@ def test_a_death_recorded_by_another_process_collapses_this_ones_report(
     assert ledger.view.state_of(0) is ShardState.HEALTHY  # not caught up yet
     assert ledger.actor_died(0, "seen here too") == []
     assert ledger.view.state_of(0) is ShardState.DEAD
-    assert [d.error for d in deaths(log)] == ["seen by a rollout in another process"]
+    assert [d.cause.raw for d in deaths(log) if d.cause] == ["seen by a rollout in another process"]
 
 
 def test_a_collapsed_death_logs_one_debug_line(log: EventLog) -> None:

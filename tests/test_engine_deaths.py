@@ -46,6 +46,10 @@ from tests.test_fold_properties import CHEAP_PROPERTY, runs
 
 H, S, D, ST = ShardState.HEALTHY, ShardState.SUSPECT, ShardState.DEAD, ShardState.STALE
 ENGINE_MESSAGE = "shard 1: the vLLM engine core is dead under a live actor: EngineCore died"
+# What the ledger reads it as (events/causes.py): the engine's own words, without the
+# shard's preamble that the explanation says anyway. Written out, not computed.
+ENGINE_TOLD = "engine core died: EngineCore died"
+KILLED_TOLD = "actor process ended by SIGKILL"  # what "ActorDiedError: SIGKILL" reads as
 
 
 def engine_task_error(message: str = ENGINE_MESSAGE) -> RayTaskError:
@@ -65,10 +69,10 @@ def test_an_engine_death_kills_a_serving_or_stale_shard_at_once_in_its_own_words
     streak = fleet.shard(1).probe_failures
     (t,) = fleet.apply(ActorDeathConfirmed(shard=1, error=ENGINE_MESSAGE, what="engine"))
     assert (t.before, t.after, t.input) == (state, D, Input.ENGINE_DIED)
-    assert t.rule == f"the engine died under its live actor: {ENGINE_MESSAGE}"
+    assert t.rule == f"the engine died under its live actor: {ENGINE_TOLD}"
     assert "actor death" not in t.rule and "actor is gone" not in t.rule
     assert fleet.shard(1).probe_failures == streak  # conclusive, not counted
-    assert fleet.shard(1).last_error == ENGINE_MESSAGE
+    assert fleet.shard(1).last_error == ENGINE_TOLD
 
 
 def test_a_probe_round_records_an_engine_death_beside_an_actor_death() -> None:
@@ -82,15 +86,15 @@ def test_a_probe_round_records_an_engine_death_beside_an_actor_death() -> None:
     )
     ts = fleet.apply(round_)
     assert [(t.shard, t.input, t.rule) for t in ts] == [
-        (1, Input.ENGINE_DIED, f"the engine died under its live actor: {ENGINE_MESSAGE}"),
-        (2, Input.ACTOR_DIED, "actor death confirmed by the runtime: ActorDiedError: SIGKILL"),
+        (1, Input.ENGINE_DIED, f"the engine died under its live actor: {ENGINE_TOLD}"),
+        (2, Input.ACTOR_DIED, f"actor death confirmed by the runtime: {KILLED_TOLD}"),
     ]
     assert fleet.view.epoch == 2  # once per result, as ever
     assert describe_event(round_, 1) == (
-        f"the engine of shard 1 died under its live actor: {ENGINE_MESSAGE}"
+        f"the engine of shard 1 died under its live actor: {ENGINE_TOLD}"
     )
     assert describe_event(round_, 2) == (
-        "actor death of shard 2 confirmed by the runtime: ActorDiedError: SIGKILL"
+        f"actor death of shard 2 confirmed by the runtime: {KILLED_TOLD}"
     )
 
 
@@ -106,14 +110,12 @@ def test_explain_says_the_engine_died_under_its_live_actor_never_that_the_actor_
     seq = fleet.last_seq
     e = shard_of(fleet, 1)
     assert e.because[0] == (
-        f"the engine died under its live actor (seq {seq}: {ENGINE_MESSAGE}); an engine's death "
+        f"the engine died under its live actor (seq {seq}: {ENGINE_TOLD}); an engine's death "
         "is as conclusive as its actor's, so it went HEALTHY → DEAD at once, without counting "
         "failures"
     )
     assert "actor is gone" not in e.text and "actor death" not in e.text
-    assert e.evidence[-1].what == (
-        f"the engine of shard 1 died under its live actor: {ENGINE_MESSAGE}"
-    )
+    assert e.evidence[-1].what == f"the engine of shard 1 died under its live actor: {ENGINE_TOLD}"
     assert e.input is Input.ENGINE_DIED
 
 
@@ -122,9 +124,9 @@ def test_an_actor_death_keeps_its_words() -> None:
     fleet.actor_died(1, "ActorDiedError: SIGKILL")
     e = shard_of(fleet, 1)
     assert e.because[0].startswith(
-        f"the runtime confirmed its actor is gone (seq {fleet.last_seq}: ActorDiedError: SIGKILL)"
+        f"the runtime confirmed its actor is gone (seq {fleet.last_seq}: {KILLED_TOLD})"
     )
-    assert e.rule == "actor death confirmed by the runtime: ActorDiedError: SIGKILL"
+    assert e.rule == f"actor death confirmed by the runtime: {KILLED_TOLD}"
 
 
 def test_stored_actor_deaths_are_the_bytes_they_were_and_read_as_actor_deaths() -> None:
@@ -187,10 +189,12 @@ def test_a_probe_that_met_an_engine_death_is_the_engines_death_with_its_message(
     actor = probe_result_of(ActorDiedError())
     assert (actor.kind, actor.what) == ("died", "actor")
     event = round_event({1: result, 2: actor, 0: ProbeResult.ok()})
-    assert event.died == (
-        ProbeDeath(shard=1, error=ENGINE_MESSAGE, what="engine"),
-        ProbeDeath(shard=2, error=actor.error, what="actor"),
+    assert event.died == (  # read into a cause as recorded, the raw text kept in it
+        ProbeDeath(shard=1, what="engine", **ProbeDeath.said(ENGINE_MESSAGE)),
+        ProbeDeath(shard=2, what="actor", **ProbeDeath.said(actor.error)),
     )
+    assert event.died[0].error == ENGINE_TOLD
+    assert event.died[0].cause is not None and event.died[0].cause.raw == ENGINE_MESSAGE
 
 
 def test_an_engine_message_of_several_lines_is_recorded_by_its_first() -> None:
@@ -216,10 +220,10 @@ def test_generation_reports_record_an_engine_death_as_the_engines(sqlite_url: st
         reports.failure(1, failure)
         event = [r.event for r in log.read("r")][-1]
         assert event == ActorDeathConfirmed(
-            id=event.id, shard=1, error=ENGINE_MESSAGE, what="engine"
+            id=event.id, shard=1, what="engine", **ActorDeathConfirmed.said(ENGINE_MESSAGE)
         )
         assert ledger.view.shards[1].since_rule == (
-            f"the engine died under its live actor: {ENGINE_MESSAGE}"
+            f"the engine died under its live actor: {ENGINE_TOLD}"
         )
 
 
@@ -229,5 +233,7 @@ def test_a_probe_round_through_the_ledger_records_the_engines_death(sqlite_url: 
         ledger.record_probes({1: probe_result_of(engine_task_error()), 0: ProbeResult.ok()})
         recorded_round = [r.event for r in log.read("r")][-1]
         assert isinstance(recorded_round, ProbeRound)
-        assert recorded_round.died == (ProbeDeath(shard=1, error=ENGINE_MESSAGE, what="engine"),)
+        assert recorded_round.died == (
+            ProbeDeath(shard=1, what="engine", **ProbeDeath.said(ENGINE_MESSAGE)),
+        )
         assert ledger.view.state_of(1) is D

@@ -218,11 +218,11 @@ def test_a_confirmed_actor_death_kills_a_serving_or_stale_shard_at_once(state):
     counters = (fleet.shard(1).probe_failures, fleet.shard(1).reported_failures)
     t = only(fleet.actor_died(1, "ActorDiedError: SIGKILL"))
     assert (t.before, t.after, t.input) == (state, D, Input.ACTOR_DIED)
-    assert t.rule == "actor death confirmed by the runtime: ActorDiedError: SIGKILL"
+    assert t.rule == "actor death confirmed by the runtime: actor process ended by SIGKILL"
     assert t.evidence == (fleet.last_seq,)
     r = fleet.shard(1)
     assert (r.probe_failures, r.reported_failures) == counters  # no counting
-    assert r.last_error == "ActorDiedError: SIGKILL"
+    assert r.last_error == "actor process ended by SIGKILL"  # the cause read (events/causes.py)
     assert r.state_before_partial is None
 
 

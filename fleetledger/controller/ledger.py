@@ -98,11 +98,14 @@ def round_event(results: Mapping[int, ProbeResult]) -> ProbeRound:
         if result.kind == "ok":
             ok.append(shard)
         elif result.kind == "died":
-            died.append(ProbeDeath(shard=shard, error=clip_text(result.error), what=result.what))
+            died.append(ProbeDeath(shard=shard, what=result.what, **ProbeDeath.said(result.error)))
         else:
             failed.append(
                 ProbeFailure(
-                    shard=shard, kind=result.kind, error=clip_text(result.error), deep=result.deep
+                    shard=shard,
+                    kind=result.kind,
+                    deep=result.deep,
+                    **ProbeFailure.said(result.error),
                 )
             )
     return ProbeRound(ok=tuple(ok), failed=tuple(failed), died=tuple(died))
@@ -340,7 +343,7 @@ class Ledger:
                 return []
             if self._already_absent(shard, incarnation, what):
                 return []
-            event = ActorDeathConfirmed(shard=shard, error=clip_text(error), what=what)
+            event = ActorDeathConfirmed(shard=shard, what=what, **ActorDeathConfirmed.said(error))
             return self.record([event])
 
     def _already_absent(self, shard: int, incarnation: int | None, what: DeathOf) -> bool:
@@ -421,7 +424,7 @@ class Ledger:
         return self.record([RestartRequested(shard=shard)])
 
     def restart_failed(self, shard: int, error: str) -> list[Transition]:
-        return self.record([RestartFailed(shard=shard, error=error)])
+        return self.record([RestartFailed(shard=shard, **RestartFailed.said(error))])
 
     def replacement_loaded(self, shard: int, base_url: str | None = None) -> list[Transition]:
         return self.record([ReplacementLoaded(shard=shard, base_url=base_url)])

@@ -58,6 +58,7 @@ from fleetledger.controller.runtime_deaths import (
     probe_result_of,
 )
 from fleetledger.errors import FleetledgerError
+from fleetledger.events.causes import cause_line
 from fleetledger.events.errors import LedgerError, first_line
 from fleetledger.shards.contract import Generation, GenerationRequest
 from fleetledger.shards.naming import ShardFactory, shard_actor_name
@@ -267,7 +268,8 @@ class RayShardFleet:
             # The actor answered its probe: it is up. A failure here (it froze, or died,
             # right after) is the probes' business, not a failed start — only its
             # engine processes go unrecorded, so a later kill cannot reap them.
-            _log.warning("engine processes not recorded", shard=shard, problem=death_text(exc))
+            problem = cause_line(death_text(exc))
+            _log.warning("engine processes not recorded", shard=shard, problem=problem)
             return
         with self._lock:
             self._processes[shard] = tuple(ProcessRecord(**r) for r in records)
@@ -403,7 +405,8 @@ class RayShardFleet:
             return self._base_url_of(handle, max(0.1, deadline - time.monotonic()))
         except Exception as exc:
             raise ShardSpawnError(
-                f"shard {shard}: the replacement did not tell its base URL: {death_text(exc)}"
+                f"shard {shard}: the replacement did not tell its base URL: "
+                f"{cause_line(death_text(exc))}"
             ) from exc
 
     def shutdown(self) -> None:

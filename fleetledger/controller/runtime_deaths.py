@@ -7,9 +7,10 @@ was alive), or anything else (a failed probe, an infrastructure failure). This m
 reads which, from the exception a probe or a generation raised, and keeps the runtime's
 account of the cause on one line.
 
-Death causes are kept whole (:func:`death_text`): Ray's text names the pid, the node,
-the exit type and the out-of-memory or preemption story, on several lines, of which the
-first says only "the actor died unexpectedly".
+Death causes are handed to the ledger whole (:func:`death_text`): Ray's text names the
+pid, the node, the exit type and the out-of-memory or preemption story, on several
+lines, of which the first says only "the actor died unexpectedly"; the ledger reads it
+into a cause's fields when it records it.
 """
 
 from __future__ import annotations
@@ -78,15 +79,16 @@ class ActorDeath:
 
 
 def death_text(exc: BaseException) -> str:
-    """The runtime's whole account of a failure on one line, clipped to an event's text.
+    """The runtime's whole account of a failure, ``Type: text``, clipped to an event's text.
 
-    Ray's death cause spans lines (class, actor id, pid, ip, then the exit type and its
-    story: out of memory, preempted, SIGKILL); they are joined with `` | ``, so a log
-    line and an explanation stay one line each. Past the event's limit the text ends
-    with a visible elision rather than mid-word in silence.
+    What the ledger reads into a cause when it records it (``events/causes.py``): Ray's
+    death cause spans lines (class, actor id, pid, ip, then the exit type and its
+    story), which the reader takes apart; the one line a log or an explanation shows is
+    :func:`~fleetledger.events.causes.cause_line` of it. Past the event's limit the
+    text ends with a visible elision rather than mid-word in silence.
     """
-    lines = [line.strip() for line in exception_text(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {' | '.join(lines)}" if lines else type(exc).__name__
+    lines = [line.rstrip() for line in exception_text(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: " + "\n".join(lines) if lines else type(exc).__name__
     if len(text) > MAX_TEXT:
         text = text[: MAX_TEXT - len(CLIPPED)] + CLIPPED
     return clip_text(text)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import time
 import uuid
@@ -132,6 +133,38 @@ def _engine_dead_errors() -> tuple[type[BaseException], ...]:
     from vllm.v1.engine.exceptions import EngineDeadError
 
     return (EngineDeadError,)
+
+
+def _signal_words(exitcode: int) -> str:
+    """How a process ended, as its exit code says: a negative code is the signal."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def engine_core_fate(engine: Any) -> str:
+    """``engine core (pid 4242, killed by SIGKILL)``: what the engine's process manager
+    knows of its dead core, in the words the ledger's cause reader takes
+    (``events/causes.py``); ``engine core`` when it knows nothing.
+
+    Story: vLLM says only "EngineCore encountered an issue. See stack trace (above)",
+    and the stack trace is not in the ledger; the actor is the core's parent, so its
+    exit code (the signal, for a kill) is known here and nowhere else.
+    """
+    manager = getattr(
+        getattr(getattr(engine, "engine_core", None), "resources", None), "engine_manager", None
+    )
+    for proc in getattr(manager, "processes", ()) or ():
+        try:
+            exitcode = proc.exitcode
+        except Exception:  # a process handle that cannot be polled says nothing
+            continue
+        if exitcode is not None:
+            return f"engine core (pid {proc.pid}, {_signal_words(exitcode)})"
+    return "engine core"
 
 
 class VllmShard(CommunicatorActor, GenerationShard):
@@ -270,7 +303,8 @@ class VllmShard(CommunicatorActor, GenerationShard):
             await self._engine.check_health()
         except EngineDeadError as exc:
             raise EngineDead(
-                f"shard {self._index}: the vLLM engine core is dead under a live actor: {exc}"
+                f"shard {self._index}: the vLLM {engine_core_fate(self._engine)} is dead under a "
+                f"live actor: {exc}"
             ) from None
         return self._engine
 
@@ -348,7 +382,8 @@ class VllmShard(CommunicatorActor, GenerationShard):
                 final = output
         except EngineDeadError as exc:
             raise EngineDead(
-                f"shard {self._index}: the vLLM engine core died during a request: {exc}"
+                f"shard {self._index}: the vLLM {engine_core_fate(engine)} died during a "
+                f"request: {exc}"
             ) from None
         except VLLMValidationError as exc:
             # The prompt's own fault (too long for the context, a bad parameter): every

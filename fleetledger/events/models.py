@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from fleetledger.events.causes import Cause, cause_line, read_cause
 from fleetledger.events.ids import new_event_id
 
 ShardIndex = Annotated[int, Field(ge=0, description="Generation shard index (data-parallel rank).")]
@@ -80,6 +81,42 @@ def ascending_once(name: str, shards: tuple[int, ...]) -> None:
 def clip_text(text: str) -> str:
     """``text`` cut to what an event holds: long failures are quoted, not refused."""
     return text[:MAX_TEXT]
+
+
+class _SaysCause:
+    """A record of a death or failure: ``error`` the one line it reads as, ``cause`` the
+    facts read from what was said (:mod:`fleetledger.events.causes`), raw text included.
+
+    Rows written before ``cause`` existed hold the raw text in ``error`` and no
+    ``cause``; :attr:`told` and :attr:`facts` read them with the same reader, so an old
+    ledger's answers are as short as a new one's. The fields are declared by each model
+    (last, so a row without a cause keeps the bytes it always had); :meth:`said` makes
+    them from raw text, read once.
+    """
+
+    if TYPE_CHECKING:
+        error: str
+        cause: Cause | None
+
+    @property
+    def told(self) -> str:
+        """The cause in one line (``""``: nothing was said)."""
+        return self.error if self.cause is not None else cause_line(self.error)
+
+    @property
+    def facts(self) -> Cause | None:
+        """The cause as fields (``None``: nothing was said)."""
+        if self.cause is not None:
+            return self.cause
+        return read_cause(self.error) if self.error.strip() else None
+
+    @staticmethod
+    def said(text: str) -> dict[str, Any]:
+        """The ``error`` and ``cause`` fields for what was said (raw text)."""
+        if not text.strip():
+            return {"error": ""}
+        cause = read_cause(text)
+        return {"error": clip_text(cause.line), "cause": cause}
 
 
 class FleetConfig(BaseModel):
@@ -219,7 +256,7 @@ class RunEnded(Event):
 # ── what probes saw ────────────────────────────────────────────────────────────
 
 
-class ActorDeathConfirmed(Event):
+class ActorDeathConfirmed(_SaysCause, Event):
     """The shard's actor or its engine is gone: conclusive, unlike a timeout.
 
     What the ledger records for a death seen outside a probe (a rollout that met
@@ -235,13 +272,14 @@ class ActorDeathConfirmed(Event):
     shard: ShardIndex
     error: str = Field(default="", max_length=MAX_TEXT)
     what: DeathOf = "actor"
+    cause: Cause | None = None
 
     @model_serializer(mode="wrap")
     def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _leave_out_at_default(self, handler, {"what": "actor"})
+        return _leave_out_at_default(self, handler, {"what": "actor", "cause": None})
 
 
-class ProbeFailure(BaseModel):
+class ProbeFailure(_SaysCause, BaseModel):
     """One shard's failed probe inside a round: what a v1 ``probe_failed`` event held.
 
     ``deep``: the probe asked the engine for a token, not only whether it answers
@@ -254,13 +292,14 @@ class ProbeFailure(BaseModel):
     kind: Literal["timeout", "error"]
     error: str = Field(default="", max_length=MAX_TEXT)
     deep: bool = False
+    cause: Cause | None = None
 
     @model_serializer(mode="wrap")
     def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _leave_out_at_default(self, handler, {"deep": False})
+        return _leave_out_at_default(self, handler, {"deep": False, "cause": None})
 
 
-class ProbeDeath(BaseModel):
+class ProbeDeath(_SaysCause, BaseModel):
     """One shard whose probe met a confirmed death: what ``actor_death_confirmed`` held
     when a probe saw it, ``what`` included (the actor's, or its engine's under a live
     actor)."""
@@ -270,10 +309,11 @@ class ProbeDeath(BaseModel):
     shard: ShardIndex
     error: str = Field(default="", max_length=MAX_TEXT)
     what: DeathOf = "actor"
+    cause: Cause | None = None
 
     @model_serializer(mode="wrap")
     def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _leave_out_at_default(self, handler, {"what": "actor"})
+        return _leave_out_at_default(self, handler, {"what": "actor", "cause": None})
 
 
 class ProbeRound(Event):
@@ -472,10 +512,15 @@ class RestartRequested(Event):
     shard: ShardIndex
 
 
-class RestartFailed(Event):
+class RestartFailed(_SaysCause, Event):
     type: Literal["restart_failed"] = "restart_failed"
     shard: ShardIndex
     error: Reason
+    cause: Cause | None = None
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"cause": None})
 
 
 class ReplacementLoaded(Event):

@@ -331,7 +331,7 @@ class FleetView:
         raise ProjectionError(f"run {self.run!r} seq {seq}: the run has already started")
 
     def _on_actor_death(self, e: ActorDeathConfirmed, seq: int, at: int) -> list[Transition]:
-        return self._signal(e.shard, Signal(_DEATH_INPUT[e.what], seq, at, text=e.error))
+        return self._signal(e.shard, Signal(_DEATH_INPUT[e.what], seq, at, text=e.told))
 
     def _on_probe_round(self, e: ProbeRound, seq: int, at: int) -> list[Transition]:
         """Each shard's result in shard order, at the round's seq, as its own event had it.
@@ -352,10 +352,10 @@ class FleetView:
         results: list[tuple[int, Signal | None]] = [(shard, None) for shard in ok]
         for f in e.failed:
             kind = f"deep {f.kind}" if f.deep else f.kind
-            text = f"{kind}: {f.error}" if f.error else kind
+            text = f"{kind}: {f.told}" if f.told else kind
             results.append((f.shard, Signal(Input.PROBE_FAILED, seq, at, text=text)))
         for d in e.died:
-            results.append((d.shard, Signal(_DEATH_INPUT[d.what], seq, at, text=d.error)))
+            results.append((d.shard, Signal(_DEATH_INPUT[d.what], seq, at, text=d.told)))
         results.sort(key=lambda result: result[0])
         out: list[Transition] = []
         for shard, signal in results:
@@ -430,7 +430,7 @@ class FleetView:
         return self._signal(e.shard, Signal(Input.RESTART_REQUESTED, seq, at))
 
     def _on_restart_failed(self, e: RestartFailed, seq: int, at: int) -> list[Transition]:
-        return self._signal(e.shard, Signal(Input.RESTART_FAILED, seq, at, text=e.error))
+        return self._signal(e.shard, Signal(Input.RESTART_FAILED, seq, at, text=e.told))
 
     def _on_loaded(self, e: ReplacementLoaded, seq: int, at: int) -> list[Transition]:
         return self._signal(

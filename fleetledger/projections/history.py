@@ -316,7 +316,7 @@ class History:
     def _on_restart_failed(
         self, e: RestartFailed, seq: int, at: int, moved: Sequence[TransitionEntry]
     ) -> list[Entry]:
-        return [RestartEntry(seq, at, e.shard, "failed", e.error), *moved]
+        return [RestartEntry(seq, at, e.shard, "failed", e.told), *moved]
 
     def _on_loaded(
         self, e: ReplacementLoaded, seq: int, at: int, moved: Sequence[TransitionEntry]

@@ -123,7 +123,7 @@ def _probe_failed(w: Why) -> list[str]:
         if isinstance(event, ProbeRound):  # the shard's failure inside the round
             event = event.result_of(w.shard)
         if isinstance(event, ProbeFailure):
-            kind = f"{event.kind}: {event.error}" if event.error else event.kind
+            kind = f"{event.kind}: {event.told}" if event.told else event.kind
             if kind not in kinds:
                 kinds.append(kind)
     what = f"{seq_list(seqs)}: {', '.join(kinds)}" if kinds else seq_list(seqs)
@@ -143,8 +143,8 @@ def _death_error(w: Why) -> str:
     event: object = w.event(w.link.seq)
     if isinstance(event, ProbeRound):  # a death a probe round saw
         event = event.result_of(w.shard)
-    if isinstance(event, ActorDeathConfirmed | ProbeDeath) and event.error:
-        return f": {event.error}"
+    if isinstance(event, ActorDeathConfirmed | ProbeDeath) and event.told:
+        return f": {event.told}"
     return ""
 
 
@@ -228,7 +228,7 @@ def _restart_requested(w: Why) -> list[str]:
 
 def _restart_failed(w: Why) -> list[str]:
     event = w.event(w.link.seq)
-    error = event.error if isinstance(event, RestartFailed) else w.link.rule
+    error = event.told if isinstance(event, RestartFailed) else w.link.rule
     r = w.view.shards[w.shard]
     return [
         f"the restart failed at seq {w.link.seq} ({error}); "

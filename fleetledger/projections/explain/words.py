@@ -81,7 +81,7 @@ def infra_failures_of(event: OutcomeWindowReported, shard: int) -> list[FailureC
 def death_words(death: ActorDeathConfirmed | ProbeDeath) -> str:
     """A recorded death, whoever saw it: the actor's (the runtime's word), or the engine's
     under a live actor (its own word) — never the one called the other."""
-    error = death.error or "no detail"
+    error = death.told or "no detail"
     if death.what == "engine":
         return f"the engine of shard {death.shard} died under its live actor: {error}"
     return f"actor death of shard {death.shard} confirmed by the runtime: {error}"
@@ -104,7 +104,7 @@ def _probe_round(e: ProbeRound, shard: int | None) -> str:
         if result == "ok":
             return f"probe of shard {about} answered"
         if isinstance(result, ProbeFailure):
-            detail = f": {result.error}" if result.error else ""
+            detail = f": {result.told}" if result.told else ""
             probe = "deep probe" if result.deep else "probe"
             return f"{probe} of shard {about} failed ({result.kind}{detail})"
         if isinstance(result, ProbeDeath):
@@ -155,7 +155,7 @@ def _restart_requested(e: RestartRequested, shard: int | None) -> str:
 
 
 def _restart_failed(e: RestartFailed, shard: int | None) -> str:
-    return f"restart of shard {e.shard} failed: {e.error}"
+    return f"restart of shard {e.shard} failed: {e.told}"
 
 
 def _loaded(e: ReplacementLoaded, shard: int | None) -> str:
