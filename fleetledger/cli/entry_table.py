@@ -16,8 +16,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Column, Table
 
-from fleetledger.cli.output import data_row
+from fleetledger.cli.output import data_row, terminal_safe
 from fleetledger.events.models import FleetConfig, datetime_from_us
+from fleetledger.projections.explain.words import CauseQuotes
 from fleetledger.projections.history import (
     DecisionEntry,
     EndEntry,
@@ -36,6 +37,10 @@ from fleetledger.projections.shard_states import ShardState
 TABLE_CHUNK = 500
 # More subjects than this move from the narrow shard column into the detail.
 MAX_SHARD_COLUMN = 2
+# Narrower than this, the detail goes under its row instead of beside it: beside the
+# fixed columns (about 60 characters) an 80-column terminal left it 20, one word a line.
+NARROW_WIDTH = 110
+DETAIL_INDENT = "    "
 
 
 # ── rendering entries ──────────────────────────────────────────────────────────
@@ -171,6 +176,8 @@ class EntryTable:
         self.console = console
         self.config = config
         self.seq_width = max(3, seq_width)
+        self.narrow = console.width < NARROW_WIDTH
+        self.quotes = CauseQuotes()  # each cause whole once, then by its seq
 
     def _table(self, header: bool) -> Table:
         # The header's rule spans the terminal; off a terminal (a pipe, a file) there is
@@ -188,7 +195,49 @@ class EntryTable:
         )
 
     def header(self) -> None:
+        if self.narrow:
+            self._print_lines([self._narrow_head("time (UTC)", "seq", "shard", "what")], "")
+            return
         self._print(self._table(header=True))
+
+    def _narrow_head(self, time: str, seq: str, shard: str, what: str) -> str:
+        return f"{time:<23}  {seq:>{self.seq_width}}  {shard:<5}  {what}".rstrip()
+
+    def _print_lines(self, lines: list[str], style: str) -> None:
+        """Lines of our own making (their data already made terminal-safe)."""
+        from rich.text import Text
+
+        for line in lines:
+            if self.console.is_terminal:
+                self.console.print(Text(line, style=style), soft_wrap=True)
+            else:
+                self.console.file.write(line.rstrip() + "\n")
+
+    def _narrow_rows(self, entries: Iterable[Entry], header: bool) -> None:
+        """One entry as its row (time, seq, shard, what), its detail wrapped under it."""
+        import textwrap
+
+        if header:
+            self.header()
+        width = max(self.console.width, 40)
+        for entry in entries:
+            shard, what, detail, style = self._described(entry)
+            head = self._narrow_head(_time(entry.at_us), str(entry.seq), shard, what)
+            lines = [terminal_safe(head)]
+            lines += textwrap.wrap(
+                terminal_safe(detail),
+                width=width,
+                initial_indent=DETAIL_INDENT,
+                subsequent_indent=DETAIL_INDENT,
+                break_on_hyphens=False,
+            )
+            self._print_lines(lines, style)
+
+    def _described(self, entry: Entry) -> Row:
+        if isinstance(entry, TransitionEntry):
+            self.quotes.learn(entry.cause, entry.seq)
+        shard, what, detail, style = describe(entry, self.config)
+        return shard, what, self.quotes.once(detail), style
 
     def _print(self, table: Table) -> None:
         if self.console.is_terminal:
@@ -203,10 +252,13 @@ class EntryTable:
         )
 
     def rows(self, entries: Iterable[Entry], *, header: bool = False) -> None:
+        if self.narrow:
+            self._narrow_rows(entries, header)
+            return
         table = self._table(header)
         count = 0
         for entry in entries:
-            shard, what, detail, style = describe(entry, self.config)
+            shard, what, detail, style = self._described(entry)
             # Not markup, controls escaped: rules and reasons come from the log and may
             # hold brackets ("[rank0] …") and ESC sequences.
             data_row(table, _time(entry.at_us), entry.seq, shard, what, detail, style=style)

@@ -27,6 +27,13 @@ def explain(
         str | None,
         typer.Option("--at", metavar="SEQ|TIME", help="Explain as of this seq or ISO 8601 time."),
     ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Also print each cited cause as it was said (Ray's, vLLM's, gloo's own text).",
+        ),
+    ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -42,4 +49,4 @@ def explain(
         # Error texts and reasons are free text ("[rank0] …", ESC …): never markup, every
         # control escaped but the line breaks the explanation's lines are joined with (a
         # newline inside an error text cannot be told from them, so it starts a line too).
-        say(explanation.text, keep_newlines=True)
+        say(explanation.raw_text if raw else explanation.text, keep_newlines=True)

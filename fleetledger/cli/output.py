@@ -150,6 +150,46 @@ def data_row(table: Table, *cells: object, style: str = "") -> None:
     table.add_row(*(safe_text(cell) for cell in cells), style=style)
 
 
+def output_width() -> int | None:
+    """The width text answers are laid out for: ``COLUMNS`` when set (the user asked for
+    it, piped or not), the terminal's when stdout is one, else ``None``: off a terminal a
+    line is not wrapped, so one entry stays one line for ``grep``."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        with suppress(OSError, ValueError):
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    return None
+
+
+def wrapped(text: str, width: int | None) -> str:
+    """``text`` with every line longer than ``width`` folded at word boundaries, each
+    continuation indented two past the line's own indent; ``None``: as it is.
+
+    Story: ``explain`` at 80 columns left the terminal to cut its lines mid-word, and a
+    45-character cause ran off the right edge of a pasted post-mortem.
+    """
+    if width is None:
+        return text
+    import textwrap
+
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(
+            line,
+            width=width,
+            subsequent_indent=indent + "  ",
+            break_on_hyphens=False,
+            drop_whitespace=True,
+        ) or [line]
+    return "\n".join(out)
+
+
 def say(
     message: object = "",
     *,
@@ -165,26 +205,30 @@ def say(
     """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     # A console on the stream as it is now (stdout, stderr or ``file``): a runner that
     # swaps sys.stdout gets the text, as it would from print().
     console = Console(file=file, stderr=err, highlight=False, soft_wrap=True)
     if isinstance(message, Table):
         console.print(message)
+    elif keep_newlines and file is None and not err:  # an answer's lines: fit the width
+        safe = terminal_safe(str(message), keep_newlines=True)
+        console.print(Text(wrapped(safe, output_width()), style=style))
     else:
         console.print(safe_text(message, style, keep_newlines=keep_newlines))
 
 
 def stdout_console() -> Console:
-    """A console on the current stdout: wraps to a terminal, never wraps into a pipe."""
+    """A console on the current stdout, as wide as :func:`output_width` (a pipe without
+    ``COLUMNS``: unwrapped)."""
     from rich.console import Console
 
     stream = sys.stdout
-    terminal = stream.isatty()
     return Console(
         file=stream,
         highlight=False,
-        width=None if terminal else UNWRAPPED_WIDTH,
+        width=output_width() or UNWRAPPED_WIDTH,
         soft_wrap=False,
     )
 

@@ -125,9 +125,7 @@ def _exit_words(c: Cause) -> str:
 
 
 _LINES: dict[str, Callable[[Cause], str]] = {
-    "killed": lambda c: (
-        f"{_process(c)} killed by SIGKILL or a crash (it ended without a word to Ray)"
-    ),
+    "killed": lambda c: f"{_process(c)} killed (SIGKILL or a crash)",
     "signal": lambda c: f"{_process(c)} ended by {c.signal}{_exit_words(c)}",
     "exit": lambda c: _with_message(f"{_process(c)} exited{_exit_words(c)}", c),
     "ray.kill": lambda c: f"{_process(c)} killed by ray.kill",

@@ -86,6 +86,7 @@ class TransitionEntry(Entry):
     input: Input
     rule: str
     evidence: tuple[int, ...]
+    cause: str = ""  # the death or failure cause the rule quotes ("" when it quotes none)
 
     @property
     def shards(self) -> tuple[int, ...]:
@@ -93,7 +94,7 @@ class TransitionEntry(Entry):
 
     @classmethod
     def of(cls, t: Transition) -> TransitionEntry:
-        return cls(t.seq, t.at_us, t.shard, t.before, t.after, t.input, t.rule, t.evidence)
+        return cls(t.seq, t.at_us, t.shard, t.before, t.after, t.input, t.rule, t.evidence, t.cause)
 
 
 @dataclass(frozen=True, slots=True)

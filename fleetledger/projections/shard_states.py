@@ -132,6 +132,20 @@ class Transition:
     input: Input
     rule: str
     evidence: tuple[int, ...]  # seqs that support the rule (streak members, or the cause)
+    cause: str = ""  # what the rule quotes of a death or failure (``CAUSE_INPUTS``); "" else
+
+
+# Inputs whose text is a death or failure cause (what the rule quotes): an answer prints
+# each cause once and refers back to it after (``explain.words.CauseQuotes``).
+CAUSE_INPUTS = frozenset(
+    {
+        Input.PROBE_FAILED,
+        Input.ACTOR_DIED,
+        Input.ENGINE_DIED,
+        Input.REPORTED_FAILURE,
+        Input.RESTART_FAILED,
+    }
+)
 
 
 def failure_tally(f: FailureCount) -> str:
@@ -463,6 +477,7 @@ def step(r: ShardRecord, signal: Signal, t: Thresholds) -> Transition | None:
         signal.input,
         rule,
         _evidence(r, signal, branch),
+        signal.text if signal.input in CAUSE_INPUTS else "",
     )
     if r.state is ShardState.STALE:
         r.state_before_partial = None  # only meaningful while STALE

@@ -36,6 +36,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError
 
+from fleetledger.events.causes import cause_line
 from fleetledger.events.models import shard_outside
 from fleetledger.projections.decisions import refit_failure_kind
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
@@ -65,8 +66,15 @@ ABORT_WAIT_S = 5.0
 a flag, answered on the member's event loop within milliseconds)."""
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _said(exc: BaseException) -> str:
+    """What a party's failure says, in the one line its cause reads as
+    (``events/causes.py``): Ray's death as the process, signal and node, gloo's error as
+    the peer and what happened to the connection, without either's advice."""
+    try:
+        text = str(exc)
+    except Exception:  # an exception whose text cannot be read still has a type
+        text = ""
+    return cause_line(f"{type(exc).__name__}: {text}" if text.strip() else type(exc).__name__)
 
 
 def _plus(seconds: float | None, extra: float) -> float | None:
@@ -466,12 +474,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         try:
             return _Outcome("ok", ray.get(ref, timeout=0))
         except ActorUnavailableError as exc:  # unreachable for now, not known dead
-            text = f"{type(exc).__name__}: {_first_line(exc)}"
-            return _Outcome("error", text, RefitFailureKind.PEER_LOST, exc)
+            return _Outcome("error", _said(exc), RefitFailureKind.PEER_LOST, exc)
         except RayActorError as exc:
-            text = f"{type(exc).__name__}: {_first_line(exc)}"
-            return _Outcome("dead", text, RefitFailureKind.PEER_LOST, exc)
+            return _Outcome("dead", _said(exc), RefitFailureKind.PEER_LOST, exc)
         except Exception as exc:
             cause = getattr(exc, "cause", None) or exc
-            text = f"{type(cause).__name__}: {_first_line(cause)}"
-            return _Outcome("error", text, _kind_of(cause), cause)
+            return _Outcome("error", _said(cause), _kind_of(cause), cause)

@@ -300,6 +300,7 @@ class _Plot:
                 y = self.refit_top - 4 - r.label_row * _LABEL_ROW
                 out.append(
                     f'<text class="refit-label {outcome}" x="{_num(x0)}" y="{_num(y)}" '
+                    f'text-anchor="{r.label_anchor}" '
                     f'fill="{_e(r.ink)}">{_e(r.label)}</text>'
                 )
             if r.aborted:

@@ -172,7 +172,8 @@ def _draw_refits(ax: Axes, scene: Scene) -> None:
         ax.broken_barh([(r.x0, width)], (row_y - 0.3, 0.6), facecolor=r.colour, zorder=3, **style)
         if r.label is not None:
             y = row_y + 0.4 + 0.42 * r.label_row
-            ax.text(r.x0, y, r.label, fontsize=7, color=r.ink, ha="left", va="bottom")
+            ha = "left" if r.label_anchor == "start" else "right"
+            ax.text(r.x0, y, r.label, fontsize=7, color=r.ink, ha=ha, va="bottom")
         if r.aborted:
             # The participants felt it: a thin red tick where the refit died.
             ax.vlines(r.x1, -0.05, n - 0.05, colors=r.colour, linewidth=0.8, alpha=0.55, zorder=4)

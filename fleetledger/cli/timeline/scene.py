@@ -63,7 +63,8 @@ class Axis:
     """Where an event goes along x: time (in a readable unit) or seqs since the start.
 
     The axis runs a little past the last event (``end``) to ``hi``, so a state entered by
-    the last event still has width; final intervals are drawn to ``hi``.
+    the last event still has width; final intervals of a run that goes on are drawn to
+    ``hi``, those of a run that ended stop at its end (:meth:`final_x`).
     """
 
     mode: AxisMode
@@ -79,6 +80,12 @@ class Axis:
     @property
     def span(self) -> float:
         return self.hi - self.lo
+
+    def final_x(self, lanes: Lanes) -> float:
+        """Where what is still going at the last event is drawn to: the end marker of a
+        run that ended (nothing happens after it: lanes drawn past it read as a run that
+        went on), the drawing's edge for one that goes on."""
+        return self.end if lanes.end is not None else self.hi
 
     def x(self, seq: int, at_us: int) -> float:
         if self.mode == "seq":
@@ -118,6 +125,9 @@ class RefitMark:
     label: str | None  # None when there are too many refits to label
     label_row: int
     tip: str
+    # "start": the label begins at x0 (reads rightwards); "end": it ends at x0, for a
+    # refit so near the run's end that its label would be struck through by the end line.
+    label_anchor: Literal["start", "end"] = "start"
 
     @property
     def aborted(self) -> bool:
@@ -232,7 +242,7 @@ def stagger(xs: list[float], min_gap: float, rows: int = LABEL_ROWS) -> list[int
 def _span(lanes: Lanes, axis: Axis, interval: Interval) -> Span:
     x0 = axis.x(interval.start_seq, interval.start_us)
     last = interval.end_seq > lanes.last_seq
-    x1 = axis.hi if last else axis.x(interval.end_seq, interval.end_us)
+    x1 = axis.final_x(lanes) if last else axis.x(interval.end_seq, interval.end_us)
     tip = captions.interval_tip(lanes, interval)
     return Span(x0, x1, interval.state, STATE_COLOURS[interval.state], tip)
 
@@ -256,8 +266,9 @@ def _refits(lanes: Lanes, axis: Axis) -> tuple[RefitMark, ...]:
     marks = []
     for r, x0, row in zip(lanes.refits, starts, rows, strict=True):
         look = REFIT_LOOKS[r.outcome]
-        x1 = axis.hi if r.outcome == "open" else axis.x(r.seq, r.at_us)
+        x1 = axis.final_x(lanes) if r.outcome == "open" else axis.x(r.seq, r.at_us)
         label = f"v{r.weight_version}" + (ABORTED_MARK if r.outcome == "aborted" else "")
+        near_end = lanes.end is not None and axis.end - x0 < REFIT_LABEL_GAP * axis.span
         marks.append(
             RefitMark(
                 x0,
@@ -269,6 +280,7 @@ def _refits(lanes: Lanes, axis: Axis) -> tuple[RefitMark, ...]:
                 label if labelled else None,
                 row,
                 captions.refit_tip(r),
+                "end" if near_end else "start",
             )
         )
     return tuple(marks)

@@ -19,13 +19,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from fleetledger.events.models import (
+    ActorDeathConfirmed,
+    Event,
     OutcomeWindowReported,
+    ProbeDeath,
     ProbeFailure,
     ProbeRound,
     RecordedEvent,
+    RestartFailed,
     iso_at,
     shard_outside,
 )
@@ -33,7 +37,7 @@ from fleetledger.projections.explain.words import describe_event
 from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import Entry, RefitEntry, TransitionEntry
 from fleetledger.projections.json_form import JsonForm
-from fleetledger.projections.shard_states import Input
+from fleetledger.projections.shard_states import Input, ShardState
 
 # Transitions whose explanation cites the refit abort behind them.
 _AFTER_AN_ABORT = frozenset({Input.CONDEMNED, Input.WEIGHTS_PARTIAL})
@@ -64,6 +68,62 @@ class Cited(JsonForm):
     def line(self) -> str:
         when = "" if self.at_us is None else f" ({iso_at(self.at_us)})"
         return f"seq {self.seq}{when}: {self.what}"
+
+
+@dataclass(frozen=True, slots=True)
+class CitedCause(JsonForm):
+    """A death or failure cause an explanation cites: the facts read from it
+    (``events/causes.py``) and the raw text, which ``explain --raw`` and ``--json`` show
+    and the text never does."""
+
+    seq: int
+    shard: int
+    line: str
+    cause: dict[str, Any]
+
+    @property
+    def raw(self) -> str:
+        raw: str = self.cause.get("raw", "")
+        return raw
+
+    @classmethod
+    def all_of(
+        cls, seqs: Iterable[int], evidence: Mapping[int, RecordedEvent], shard: int
+    ) -> tuple[CitedCause, ...]:
+        """The causes ``shard``'s cited events recorded, in seq order."""
+        out: list[CitedCause] = []
+        for seq in sorted(set(seqs)):
+            recorded = evidence.get(seq)
+            if recorded is None:
+                continue
+            for said in causes_in(recorded.event, shard):
+                facts = said.facts
+                if facts is not None:
+                    out.append(cls(seq, shard, said.told, facts.model_dump(mode="json")))
+        return tuple(out)
+
+
+def raw_causes(causes: Sequence[CitedCause]) -> str:
+    """The raw text of each cause, under its seq and shard (``explain --raw``)."""
+    if not causes:
+        return "raw causes: none cited"
+    lines = ["raw causes:"]
+    for c in causes:
+        lines.append(f"  seq {c.seq}, shard {c.shard}:")
+        lines += [f"    {line.expandtabs(4)}" for line in c.raw.splitlines() or [""]]
+    return "\n".join(lines)
+
+
+SaysCause = ActorDeathConfirmed | ProbeFailure | ProbeDeath | RestartFailed
+
+
+def causes_in(event: Event, shard: int) -> list[SaysCause]:
+    """The records in ``event`` that say a cause about ``shard``."""
+    if isinstance(event, ActorDeathConfirmed | RestartFailed):
+        return [event] if event.shard == shard else []
+    if isinstance(event, ProbeRound):
+        return [r for r in (*event.failed, *event.died) if r.shard == shard]
+    return []
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +266,12 @@ def check_entries(view: FleetView, entries: Sequence[Entry]) -> None:
         )
 
 
+def lost_transitions(entries: Sequence[Entry]) -> list[TransitionEntry]:
+    """The transitions that lost a shard (to DEAD or RETIRED): the run's trouble."""
+    lost = (ShardState.DEAD, ShardState.RETIRED)
+    return [e for e in entries if isinstance(e, TransitionEntry) and e.after in lost]
+
+
 def evidence_needed(
     view: FleetView, entries: Sequence[Entry], shard: int | None = None
 ) -> EvidenceRequest:
@@ -219,6 +285,7 @@ def evidence_needed(
             seqs.add(view.progress.seq)
         if view.ended is not None:  # its progress, when recorded, is the last
             seqs.add(view.ended.seq)
+        seqs |= {t.seq for t in lost_transitions(entries) if t.cause}  # their raw causes
         return EvidenceRequest(tuple(sorted(seqs)), None)
     check_shard(view, shard)
     chain = transitions_of(entries, shard)

@@ -48,6 +48,16 @@ class LayoutSummary(JsonForm):
             return f"no refit communicator can be built ({self.error})"
         return layout_words(self.world_size, self.train_world_size, self.shard_ranks)
 
+    def describe_shard(self, shard: int) -> str:
+        """One shard's place in the layout, in the same notation: a shard's explanation
+        needs its own ranks, not a line that grows with the fleet."""
+        if self.world_size is None:
+            return self.describe()
+        held = self.shard_ranks.get(shard)
+        if held is None:
+            return f"world {self.world_size}; shard {shard} has no rank (absent)"
+        return layout_words(self.world_size, self.train_world_size, {shard: held})
+
 
 def started_at_us(entries: Sequence[Entry], evidence: Mapping[int, RecordedEvent]) -> int | None:
     """When the run began: from its first history entry, else from a supplied seq 1."""

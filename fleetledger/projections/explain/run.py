@@ -21,10 +21,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from fleetledger.events.models import RecordedEvent, RunEnded, iso_at
-from fleetledger.projections.explain.evidence import check_entries
+from fleetledger.projections.explain.evidence import (
+    CitedCause,
+    check_entries,
+    lost_transitions,
+    raw_causes,
+)
 from fleetledger.projections.explain.fleet import LayoutSummary, open_refit_at, started_at_us
 from fleetledger.projections.explain.words import (
     TEXT_LIMIT,
+    CauseQuotes,
     progress_counts,
     seconds,
     shard_list,
@@ -59,6 +65,7 @@ class Finding(JsonForm):
     text: str
     shards: tuple[int, ...]
     decisive: bool  # the kind that can end a run by itself (not a recovered abort)
+    cause: str = ""  # the death or failure cause its text quotes, if any
 
     @property
     def at(self) -> str:
@@ -158,7 +165,7 @@ def _transition_finding(
     now = view.shards[e.shard].state
     still = "" if now is e.after else f" (it is {now} now)"
     text = f"shard {e.shard} {e.before} → {e.after}: {e.rule}{still}"
-    return Finding(e.seq, e.at_us, "shard_lost", text, (e.shard,), False)
+    return Finding(e.seq, e.at_us, "shard_lost", text, (e.shard,), False, e.cause)
 
 
 def _no_finding(e: Entry, view: FleetView, entries: Sequence[Entry]) -> None:
@@ -208,6 +215,7 @@ class ShardLine(JsonForm):
     since_seq: int
     rule: str
     suspected: bool
+    cause: str = ""  # the death or failure cause its rule quotes, if any
 
     @property
     def line(self) -> str:
@@ -240,6 +248,7 @@ class RunExplanation(JsonForm):
     suspected: tuple[int, ...]
     trainer_weight_version: int
     layout: LayoutSummary
+    causes: tuple[CitedCause, ...] = ()  # the causes of the lost shards, raw text included
 
     @property
     def at(self) -> str:
@@ -294,7 +303,18 @@ class RunExplanation(JsonForm):
         )
 
     @property
+    def raw_text(self) -> str:
+        """The text, then the raw text of every cause it cites (``explain --raw``)."""
+        return self.text + "\n" + raw_causes(self.causes)
+
+    @property
     def text(self) -> str:
+        """For people: each cause printed once (``CauseQuotes``)."""
+        quotes = CauseQuotes()
+        for f in self.findings:
+            quotes.learn(f.cause, f.seq)
+        for s in self.not_healthy:
+            quotes.learn(s.cause, s.since_seq)
         lines = [self.summary]
         if self.ended is not None and self.why is not None:
             lines.append(f"why: {self.why.text} (seq {self.why.seq})")
@@ -329,7 +349,7 @@ class RunExplanation(JsonForm):
             lines += [f"  {s.line}" for s in self.not_healthy]
         else:
             lines.append("every shard is HEALTHY")
-        return "\n".join(lines)
+        return "\n".join(quotes.once(line) for line in lines)
 
 
 def explain_run(
@@ -358,6 +378,11 @@ def explain_run(
             p.in_flight,
         )
     completed = [e for e in entries if isinstance(e, RefitEntry) and e.outcome == "completed"]
+    since = {  # the cause of each shard's last transition, which its line quotes
+        e.shard: e.cause
+        for e in entries
+        if isinstance(e, TransitionEntry) and e.seq == view.shards[e.shard].since_seq
+    }
     return RunExplanation(
         run=view.run,
         seq=view.seq,
@@ -371,7 +396,9 @@ def explain_run(
         open_refit=open_refit_at(view, entries, evidence),
         last_completed_refit=completed[-1] if completed else None,
         not_healthy=tuple(
-            ShardLine(r.index, r.state, r.since_seq, r.since_rule, r.suspected)
+            ShardLine(
+                r.index, r.state, r.since_seq, r.since_rule, r.suspected, since.get(r.index, "")
+            )
             for r in view.shards
             if r.state is not ShardState.HEALTHY
         ),
@@ -381,4 +408,9 @@ def explain_run(
         suspected=view.suspected,
         trainer_weight_version=view.weight_version,
         layout=LayoutSummary.of(view),
+        causes=tuple(
+            c
+            for t in lost_transitions(entries)
+            for c in CitedCause.all_of((t.seq,), evidence, t.shard)
+        ),
     )

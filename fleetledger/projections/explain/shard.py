@@ -20,14 +20,22 @@ from fleetledger.events.models import RecordedEvent, iso_at
 from fleetledger.projections.explain.because import BECAUSE, Why
 from fleetledger.projections.explain.evidence import (
     Cited,
+    CitedCause,
     SpanTally,
     check_entries,
     check_shard,
     evidence_needed,
+    raw_causes,
     transitions_of,
 )
 from fleetledger.projections.explain.fleet import LayoutSummary, open_refit_at, started_at_us
-from fleetledger.projections.explain.words import TEXT_LIMIT, count_of, seq_list, shard_list
+from fleetledger.projections.explain.words import (
+    TEXT_LIMIT,
+    CauseQuotes,
+    count_of,
+    seq_list,
+    shard_list,
+)
 from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import (
     DecisionEntry,
@@ -81,6 +89,7 @@ class ShardExplanation(JsonForm):
     open_refit: RefitEntry | None
     base_url: str
     probe_tally: SpanTally | None
+    causes: tuple[CitedCause, ...] = ()  # the causes its evidence recorded, raw text included
 
     @property
     def at(self) -> str:
@@ -99,11 +108,11 @@ class ShardExplanation(JsonForm):
 
     def _membership(self) -> str:
         if self.serving:
-            role = "serving: gets traffic and joins the next refit"
+            role = "serving (gets traffic, joins the next refit)"
         elif self.absent:
-            role = "absent: no traffic and no rank in the next refit communicator"
+            role = "absent (no traffic, no rank in the next refit)"
         else:
-            role = "not serving but not absent: no traffic, yet it joins the next refit"
+            role = "not serving, not absent (no traffic, joins the next refit)"
         return (
             f"{role}; epoch {self.epoch}, serving {list(self.serving_set)}, absent "
             f"{list(self.absent_set)}, suspected {list(self.suspected_set)}"
@@ -111,8 +120,8 @@ class ShardExplanation(JsonForm):
 
     def _restarts(self) -> str:
         line = (
-            f"{self.restart_attempts} of max_restart_attempts_per_shard "
-            f"{self.max_restart_attempts_per_shard} used"
+            f"{self.restart_attempts} of {self.max_restart_attempts_per_shard} used "
+            "(max_restart_attempts_per_shard)"
         )
         by_action: dict[str, list[int]] = {}
         for r in self.restarts:
@@ -122,7 +131,17 @@ class ShardExplanation(JsonForm):
         return line
 
     @property
+    def raw_text(self) -> str:
+        """The text, then the raw text of every cause it cites (``explain --raw``)."""
+        return self.text + "\n" + raw_causes(self.causes)
+
+    @property
     def text(self) -> str:
+        """For people: each cause printed once (``CauseQuotes``), the layout as this
+        shard's place in it (a line that grew with the fleet before)."""
+        quotes = CauseQuotes()
+        for t in self.chain:
+            quotes.learn(t.cause, t.seq)
         when = "" if self.since_at_us is None else f" ({iso_at(self.since_at_us)})"
         lines = [
             f"run {self.run}, as of seq {self.seq} ({iso_at(self.at_us)})",
@@ -165,9 +184,9 @@ class ShardExplanation(JsonForm):
                 f"{shard_list(o.participants)}; it {joined}"
             )
         lines.append(f"membership: {self._membership()}")
-        lines.append(f"layout: {self.layout.describe()}")
+        lines.append(f"layout: {self.layout.describe_shard(self.shard)}")
         lines.append(f"base URL: {self.base_url}")
-        return "\n".join(lines)
+        return "\n".join(quotes.once(line) for line in lines)
 
 
 def explain_shard(
@@ -189,10 +208,11 @@ def explain_shard(
             f"{last_seq}, but the view says it is {record.state} since seq "
             f"{record.since_seq}; replay the same events the view folded"
         )
+    needed = evidence_needed(view, entries, shard).seqs
     if chain:
         link = chain[-1]
         because = BECAUSE[link.input](Why(view, shard, link, chain, entries, evidence, tally))
-        cited = sorted(set(evidence_needed(view, entries, shard).seqs) - {1})
+        cited = sorted(set(needed) - {1})
         since_at: int | None = link.at_us
     else:
         because = [f"it has been {record.state} since the run started; no rule has moved it"]
@@ -260,4 +280,5 @@ def explain_shard(
         open_refit=open_refit_at(view, entries, evidence),
         base_url=record.base_url,
         probe_tally=tally,
+        causes=CitedCause.all_of((*needed, *(t.seq for t in chain)), evidence, shard),
     )

@@ -13,6 +13,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +66,45 @@ def progress_counts(committed_groups: int, train_steps: int) -> str:
 
 def seconds(delta_us: int) -> str:
     return f"{delta_us / 1e6:.1f} s"
+
+
+class CauseQuotes:
+    """Each cause printed once per answer: whole where it first appears, then
+    ``same cause as seq N`` (N: the seq that recorded it).
+
+    Story: a death's cause used to be quoted by the summary, the rule, the evidence and
+    the transition of one explanation — Ray's kilobyte four times. The causes an answer
+    may print are registered first (:meth:`learn`, from the transitions it shows); every
+    text the answer prints, in order, then passes through :meth:`once`. Short texts
+    ("gone") are never replaced: a reference must be shorter than what it stands for.
+    """
+
+    MIN_LENGTH = 24
+
+    def __init__(self) -> None:
+        self._seq: dict[str, int] = {}
+        self._printed: set[str] = set()
+        self._pattern: re.Pattern[str] | None = None
+
+    def learn(self, cause: str, seq: int) -> None:
+        if len(cause) >= self.MIN_LENGTH and cause not in self._seq:
+            self._seq[cause] = seq
+            self._pattern = None
+
+    def once(self, text: str) -> str:
+        if not self._seq:
+            return text
+        if self._pattern is None:  # longest first: a cause that holds another wins
+            causes = sorted(self._seq, key=len, reverse=True)
+            self._pattern = re.compile("|".join(re.escape(c) for c in causes))
+        return self._pattern.sub(self._quote, text)
+
+    def _quote(self, found: re.Match[str]) -> str:
+        cause = found.group()
+        if cause in self._printed:
+            return f"same cause as seq {self._seq[cause]}"
+        self._printed.add(cause)
+        return cause
 
 
 def infra_failures_of(event: OutcomeWindowReported, shard: int) -> list[FailureCount]:
