@@ -117,7 +117,7 @@ def test_a_retired_shard_is_terminal_and_a_later_restart_request_changes_nothing
         in e.text
     )
     assert [d.decision for d in e.decisions] == ["retired"]
-    assert "absent: no traffic and no rank in the next refit communicator" in e.text
+    assert "absent (no traffic, no rank in the next refit)" in e.text
 
 
 def test_a_stale_shard_waits_for_a_refit_that_includes_it() -> None:
@@ -131,7 +131,7 @@ def test_a_stale_shard_waits_for_a_refit_that_includes_it() -> None:
         "traffic until a refit that includes it completes"
     )
     assert "no open refit includes it: it waits for the next one" in waiting.because
-    assert "not serving but not absent: no traffic, yet it joins the next refit" in waiting.text
+    assert "not serving, not absent (no traffic, joins the next refit)" in waiting.text
     assert waiting.open_refit is None
 
     fleet.refit_started(7, shards=(0, 1))
@@ -356,9 +356,12 @@ def test_evidence_needed_asks_for_the_streak_its_span_and_the_open_refit() -> No
     wanted = evidence_needed(view, entries, 0)
     assert wanted.seqs == (1, started, first, fleet.last_seq)
     assert wanted.span == (first, fleet.last_seq)
+    lost = fleet.last_seq  # shard 0's third reported failure took it DEAD
+    assert fold(fleet.records).state_of(0) is ShardState.DEAD
     fleet.apply(ProgressReported(committed_groups=3, train_steps=1, in_flight=2))
     run_wanted = evidence_needed(fold(fleet.records), list(replay(fleet.records)))
-    assert run_wanted.seqs == (1, started, fleet.last_seq) and run_wanted.span is None
+    # The run's: the lost shard's transition too, for its cause's raw text (--raw, --json).
+    assert run_wanted.seqs == (1, started, lost, fleet.last_seq) and run_wanted.span is None
 
 
 def test_long_histories_are_summarised_in_text_and_complete_in_json() -> None:
@@ -447,7 +450,7 @@ def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
         "decisions", "restart_attempts", "max_restart_attempts_per_shard", "probe_failures",
         "reported_failures", "unhealthy_threshold", "weight_version", "trainer_weight_version",
         "serving", "absent", "suspected", "epoch", "serving_set", "absent_set", "suspected_set",
-        "layout", "open_refit", "base_url", "probe_tally",
+        "layout", "open_refit", "base_url", "probe_tally", "causes",
     }  # fmt: skip
     assert set(shard) == {f.name for f in fields(ShardExplanation)} | {
         "kind", "at", "since_at", "summary",
@@ -467,7 +470,7 @@ def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
         "kind", "run", "seq", "at_us", "at", "started_at_us", "started_at", "summary", "ended",
         "why", "findings", "progress", "stalls", "open_refit", "last_completed_refit",
         "not_healthy", "epoch", "serving", "absent", "suspected", "trainer_weight_version",
-        "layout",
+        "layout", "causes",
     }  # fmt: skip
     assert (run["started_at_us"], run["started_at"]) == (T0_US, iso_at(T0_US))
     assert run["ended"] == {
@@ -480,7 +483,7 @@ def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
     }
     assert run["not_healthy"] == [
         {"shard": 1, "state": "SUSPECT", "since_seq": 2, "rule": "failed probe: timeout",
-         "suspected": True}
+         "suspected": True, "cause": "timeout"}
     ]  # fmt: skip
     assert json.loads(json.dumps(shard)) == shard and json.loads(json.dumps(run)) == run
 

@@ -228,7 +228,10 @@ def test_abort_releases_the_survivors_parked_in_a_push_and_the_rebuild_works(ray
         assert Party.shard(1) in failed.value.dead
         for party in (Party.shard(0), Party.shard(2)):
             assert failed.value.errors[party].startswith("CollectiveAborted"), str(failed.value)
-        assert failed.value.errors[Party.trainer(0)].startswith(("CollectiveAborted", "PeerLost"))
+        # Released by the abort, or it saw the dead peer first (gloo's error, read as its
+        # cause: the peer and what became of the connection, events/causes.py).
+        trainer = failed.value.errors[Party.trainer(0)]
+        assert trainer.startswith(("CollectiveAborted", "communicator peer")), trainer
         assert failed.value.kind is RefitFailureKind.PEER_LOST  # the death speaks for it
         assert fleet.in_flight((0, 2)) == {"trainer 0": 0, "shard 0": 0, "shard 2": 0}
         assert (fleet.sync.built_absent, fleet.sync.built_layout) == (None, None)

@@ -159,10 +159,11 @@ def test_replay_table_tells_the_demo_story(demo_url: str) -> None:
     row(3, "", "refit v1 completed", "seq 2→3, ")
     row(4, "2", "HEALTHY → SUSPECT", "failed probe: timeout: no answer within "
         "probe_timeout_s=2 [evidence: seq 4]")  # fmt: skip
-    # Each probe round is one event: shard 2's three timeouts are the rounds at 4, 5, 6.
+    # Each probe round is one event: shard 2's three timeouts are the rounds at 4, 5, 6;
+    # the last said what the first said, which the table printed whole at seq 4.
     dead = (
         "3 consecutive failed probes ≥ unhealthy_threshold 3 "
-        "(last: timeout: no answer within probe_timeout_s=2) [evidence: seq 4, 5, 6]"
+        "(last: same cause as seq 4) [evidence: seq 4, 5, 6]"
     )
     row(6, "2", "SUSPECT → DEAD", dead)
     row(6, "", "epoch 1", "serving [0,1,3] · absent [2] · world 8: trainers → ranks 0–1, "

@@ -216,12 +216,12 @@ def _ray_actor_died(exception: str, body: str, lines: list[str]) -> Cause:
     why = body
     if "killed by `ray.kill`" in why:
         return Cause(how="ray.kill", **common)  # type: ignore[arg-type]
+    if "preempted" in why:  # before the node's death: the reason it died
+        return Cause(how="preempted", **common)  # type: ignore[arg-type]
     if "its node has died" in why or "node it was running on is dead" in why:
         node_id = _NODE_ID.search(why)
         message = f"node id {node_id.group(1)[:12]}" if node_id else ""
         return Cause(how="node_lost", message=message, **common)  # type: ignore[arg-type]
-    if "preempt" in why:
-        return Cause(how="preempted", **common)  # type: ignore[arg-type]
     if "running low on memory" in why or "memory pressure (OOM)" in why:
         return Cause(how="out_of_memory", **common)  # type: ignore[arg-type]
     if "its owner has died" in why:
@@ -270,7 +270,7 @@ def _ray_unavailable(exception: str, body: str, lines: list[str]) -> Cause:
     )
 
 
-_TASK_HEAD = re.compile(r"ray::(?P<call>[\w.]+)\(\)\s*\((?P<attrs>[^)]*)\)")
+_TASK_HEAD = re.compile(r"ray::(?P<call>[\w.]+)\(\)\s*\((?P<attrs>[^)\n]*)\)")
 
 
 def _exception_at_end(lines: list[str]) -> tuple[str, str]:

@@ -120,8 +120,8 @@ class ShardExplanation(JsonForm):
 
     def _restarts(self) -> str:
         line = (
-            f"{self.restart_attempts} of {self.max_restart_attempts_per_shard} used "
-            "(max_restart_attempts_per_shard)"
+            f"{self.restart_attempts} of max_restart_attempts_per_shard "
+            f"{self.max_restart_attempts_per_shard} used"
         )
         by_action: dict[str, list[int]] = {}
         for r in self.restarts:
