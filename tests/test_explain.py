@@ -54,7 +54,7 @@ def explain_records(
     view = fold(records)
     entries = list(replay(records))
     wanted = evidence_needed(view, entries, shard)
-    evidence = {r.seq: r for r in records if r.seq in wanted.seqs}
+    evidence = {r.seq: r for r in records if r.seq in wanted.to_read}
     if shard is None:
         return explain_run(view, entries, evidence)
     tally = None if wanted.span is None else tally_span(records, shard, *wanted.span)
@@ -360,8 +360,9 @@ def test_evidence_needed_asks_for_the_streak_its_span_and_the_open_refit() -> No
     assert fold(fleet.records).state_of(0) is ShardState.DEAD
     fleet.apply(ProgressReported(committed_groups=3, train_steps=1, in_flight=2))
     run_wanted = evidence_needed(fold(fleet.records), list(replay(fleet.records)))
-    # The run's: the lost shard's transition too, for its cause's raw text (--raw, --json).
-    assert run_wanted.seqs == (1, started, lost, fleet.last_seq) and run_wanted.span is None
+    assert run_wanted.seqs == (1, started, fleet.last_seq) and run_wanted.span is None
+    # Read, not cited: the lost shard's transition, for its cause's raw text (--raw, --json).
+    assert run_wanted.causes == (lost,)
 
 
 def test_long_histories_are_summarised_in_text_and_complete_in_json() -> None:

@@ -116,9 +116,10 @@ def _answers(url: str, run: str) -> dict[str, Any]:
 
 
 # What the fleetledger of commit 88a788b answered for ``old_export()`` imported as is,
-# with the answers changed on purpose since: the one layout notation, and a membership
-# entry (``epoch_moved`` false) where the absent set changed alone (seq 18). The seqs of
-# every other entry are the old ones.
+# with the answers changed on purpose since: the one layout notation, a membership entry
+# (``epoch_moved`` false) where the absent set changed alone (seq 18), and causes read
+# into facts (each transition's ``cause``, the raw causes an explanation cites, a cause
+# printed once). The seqs of every other entry are the old ones.
 EXPECTED_PATH = Path(__file__).with_name("data") / "old_ledger_answers.json"
 
 

@@ -146,7 +146,7 @@ def _configure_logging() -> None:
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
     # One line, whatever the message quotes (a newline in it is shown as \n).
-    say(f"fleetledger: error: {message}", err=True)
+    say(f"fleetledger: error: {message}", err=True, fold=False)
     return typer.Exit(code=code)
 
 

@@ -150,16 +150,18 @@ def data_row(table: Table, *cells: object, style: str = "") -> None:
     table.add_row(*(safe_text(cell) for cell in cells), style=style)
 
 
-def output_width() -> int | None:
-    """The width text answers are laid out for: ``COLUMNS`` when set (the user asked for
-    it, piped or not), the terminal's when stdout is one, else ``None``: off a terminal a
-    line is not wrapped, so one entry stays one line for ``grep``."""
+def output_width(stream: TextIO | None = None) -> int | None:
+    """The width text is laid out for on ``stream`` (stdout): ``COLUMNS`` when set (the
+    user asked for it, piped or not), the terminal's when the stream is one, else
+    ``None``: off a terminal a line is not wrapped, so one entry stays one line for
+    ``grep``."""
     columns = os.environ.get("COLUMNS", "").strip()
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
-    if sys.stdout.isatty():
-        with suppress(OSError, ValueError):
-            return os.get_terminal_size(sys.stdout.fileno()).columns
+    stream = stream or sys.stdout
+    with suppress(OSError, ValueError, AttributeError):
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
     return None
 
 
@@ -197,11 +199,14 @@ def say(
     err: bool = False,
     file: TextIO | None = None,
     keep_newlines: bool = False,
+    fold: bool = True,
 ) -> None:
     """Print one message of text output, the one safe way: on stdout, stderr (``err``)
     or ``file``; never read as markup, every terminal control shown escaped.
 
-    A ``Table`` is printed as it is: its rows went in through :func:`data_row`.
+    A ``Table`` is printed as it is: its rows went in through :func:`data_row`. Text is
+    folded to :func:`output_width` unless ``fold`` is off (an error: one line, whole, to
+    paste into a search).
     """
     from rich.console import Console
     from rich.table import Table
@@ -212,11 +217,10 @@ def say(
     console = Console(file=file, stderr=err, highlight=False, soft_wrap=True)
     if isinstance(message, Table):
         console.print(message)
-    elif keep_newlines and file is None and not err:  # an answer's lines: fit the width
-        safe = terminal_safe(str(message), keep_newlines=True)
-        console.print(Text(wrapped(safe, output_width()), style=style))
-    else:
-        console.print(safe_text(message, style, keep_newlines=keep_newlines))
+    else:  # folded to the width a person reads it at (none into a pipe: one line each)
+        safe = terminal_safe(str(message), keep_newlines=keep_newlines)
+        stream = file or (sys.stderr if err else sys.stdout)
+        console.print(Text(wrapped(safe, output_width(stream) if fold else None), style=style))
 
 
 def stdout_console() -> Console:

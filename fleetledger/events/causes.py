@@ -67,7 +67,11 @@ CauseHow = Literal[
     "unknown",
 ]
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# A terminal's sequences, dropped from the fields: CSI (ESC [ … and its C1 form) and OSC
+# (ESC ] … ended by BEL or ESC \). What else is a control stays, for the printer to escape.
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+)
 _EXCEPTION_HEAD = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?): (?P<rest>.*)$", re.S)
 
 
@@ -158,7 +162,9 @@ _LINES: dict[str, Callable[[Cause], str]] = {
     "connection_lost": lambda c: _with_message(
         f"communicator peer {c.node or '(address unknown)'} lost", c
     ),
-    "timeout": lambda c: _with_message("no answer in time", c),
+    "timeout": lambda c: (
+        c.message if c.message.startswith("no answer") else _with_message("no answer in time", c)
+    ),
     "unavailable": lambda c: _with_message("actor unreachable for now", c),
     "unknown": lambda c: (
         (f"{c.exception}: {c.message}" if c.exception else c.message or "no detail")
@@ -414,6 +420,7 @@ PARSERS: tuple[tuple[re.Pattern[str], re.Pattern[str], Parser], ...] = (
     (re.compile(""), re.compile(r"^ray::[\w.]+\(\)"), _ray_task_error),
     (re.compile(""), re.compile(r"gloo/"), _gloo),
     (re.compile(r"(GetTimeoutError|TimeoutError|TimeoutExpired)$"), re.compile(""), _timeout),
+    (re.compile(""), re.compile(r"^no answer within"), _timeout),  # the probe pump's words
 )
 
 

@@ -79,7 +79,7 @@ def explain_from_log(
     tallies = ProbeTallies()
     entries = _history_of(log, run, view.seq, tallies)
     wanted = evidence_needed(view, entries, shard)
-    evidence = read_evidence(log, run, wanted.seqs)
+    evidence = read_evidence(log, run, wanted.to_read)
     if shard is None:
         return explain_run(view, entries, evidence)
     tally = None if wanted.span is None else tallies.span(shard, *wanted.span)

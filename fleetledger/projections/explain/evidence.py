@@ -33,7 +33,7 @@ from fleetledger.events.models import (
     iso_at,
     shard_outside,
 )
-from fleetledger.projections.explain.words import describe_event
+from fleetledger.projections.explain.words import TEXT_LIMIT, describe_event
 from fleetledger.projections.fleet_view import FleetView, ProjectionError
 from fleetledger.projections.history import Entry, RefitEntry, TransitionEntry
 from fleetledger.projections.json_form import JsonForm
@@ -131,11 +131,18 @@ class EvidenceRequest:
     """The events an explanation cites: read them and pass them in.
 
     ``seqs`` go into the ``evidence`` mapping; ``span`` (inclusive) is the stretch of the
-    run whose probes ``tally_span`` should count for the shard, or None.
+    run whose probes ``tally_span`` should count for the shard, or None. ``causes``: the
+    seqs of the other causes the answer prints (its transitions'), read into the mapping
+    too, for their raw text (``--raw``, ``--json``) — not cited as evidence.
     """
 
     seqs: tuple[int, ...]
     span: tuple[int, int] | None
+    causes: tuple[int, ...] = ()
+
+    @property
+    def to_read(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.seqs, *self.causes}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,8 +292,8 @@ def evidence_needed(
             seqs.add(view.progress.seq)
         if view.ended is not None:  # its progress, when recorded, is the last
             seqs.add(view.ended.seq)
-        seqs |= {t.seq for t in lost_transitions(entries) if t.cause}  # their raw causes
-        return EvidenceRequest(tuple(sorted(seqs)), None)
+        lost = tuple(t.seq for t in lost_transitions(entries) if t.cause)
+        return EvidenceRequest(tuple(sorted(seqs)), None, lost)
     check_shard(view, shard)
     chain = transitions_of(entries, shard)
     span: tuple[int, int] | None = None
@@ -299,4 +306,5 @@ def evidence_needed(
                 seqs.add(abort.seq)
         if link.input is Input.REPORTED_FAILURE and link.evidence:
             span = (min(link.evidence), link.seq)
-    return EvidenceRequest(tuple(sorted(seqs)), span)
+    shown = tuple(t.seq for t in chain[-TEXT_LIMIT:] if t.cause)  # what the text prints
+    return EvidenceRequest(tuple(sorted(seqs)), span, shown)

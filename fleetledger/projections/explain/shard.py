@@ -208,7 +208,8 @@ def explain_shard(
             f"{last_seq}, but the view says it is {record.state} since seq "
             f"{record.since_seq}; replay the same events the view folded"
         )
-    needed = evidence_needed(view, entries, shard).seqs
+    wanted = evidence_needed(view, entries, shard)
+    needed = wanted.seqs
     if chain:
         link = chain[-1]
         because = BECAUSE[link.input](Why(view, shard, link, chain, entries, evidence, tally))
@@ -280,5 +281,5 @@ def explain_shard(
         open_refit=open_refit_at(view, entries, evidence),
         base_url=record.base_url,
         probe_tally=tally,
-        causes=CitedCause.all_of((*needed, *(t.seq for t in chain)), evidence, shard),
+        causes=CitedCause.all_of(wanted.to_read, evidence, shard),
     )
