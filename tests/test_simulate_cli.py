@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,32 +20,47 @@ CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
 pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 
 
-def _simulate(*args: str, db: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "FLEETLEDGER_DB": db}
+def _command(
+    *args: str, db: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "RAY_AUTH_MODE": "disabled", "FLEETLEDGER_DB": db, **(env or {})}
     return subprocess.run(
-        [str(CONSOLE_SCRIPT), "simulate", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
+        [str(CONSOLE_SCRIPT), *args], capture_output=True, text=True, env=environ, timeout=timeout
     )
 
 
+def _simulate(*args: str, db: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return _command("simulate", *args, db=db, timeout=timeout)
+
+
 @pytest.mark.slow
-def test_simulate_with_a_kill_prints_membership_and_replay(sqlite_url):
-    done = _simulate("--shards", "3", "--steps", "3", "--kill", "2@2", db=sqlite_url)
+def test_simulate_with_a_kill_prints_membership_and_replay_and_explains_the_death(sqlite_url):
+    """The issue's own command (``simulate --kill 1@3``), then its post-mortem: the killed
+    shard's explanation in ≤ 15 lines of ≤ 120 characters, SIGKILL named with the pid and
+    the node, none of Ray's advice or colour codes; the run's with its 5 train steps."""
+    done = _simulate("--kill", "1@3", db=sqlite_url)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "chaos: kill shard 2" in out
-    assert "step 3/3" in out
+    assert "chaos: kill shard 1" in out
+    assert "step 5/5" in out
     assert "HEALTHY → DEAD" in out and "actor death confirmed" in out
     assert "run ended (completed)" in out
     assert "(raylet)" not in out  # Ray's own chatter goes to stderr
     log = EventLog.open(sqlite_url)
     (run,) = [r.run_id for r in log.runs()]
     view = load_view(log, run)
-    assert view.state_of(2) is ShardState.DEAD and view.ended.outcome == "completed"
+    assert view.state_of(1) is ShardState.DEAD and view.ended.outcome == "completed"
     log.close()
+    env = {"COLUMNS": "120"}
+    shard = _command("explain", run, "1", db=sqlite_url, env=env).stdout
+    lines = shard.splitlines()
+    assert len(lines) <= 15 and max(len(line) for line in lines) <= 120, shard
+    assert "\x1b" not in shard and "OOM killer" not in shard
+    said = " ".join(shard.split())  # its folds undone
+    assert re.search(r"actor process \d+ on [0-9.]+ killed \(SIGKILL or a crash\)", said), shard
+    assert shard.count("SIGKILL") == 1  # then "same cause as seq N"
+    whole = _command("explain", run, db=sqlite_url, env=env).stdout
+    assert "5 train steps" in whole, whole
 
 
 @pytest.mark.slow
