@@ -36,6 +36,7 @@ BELOW_CLI = frozenset(
         "router",
         "transports",
         "engines",
+        "embedding",
     }
 )
 # part -> the parts it may import (``errors`` may be imported from anywhere). ``logs``
@@ -71,6 +72,23 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     ),
     "transports": frozenset({"events", "projections", "weight_sync", "logs"}),
     "engines": frozenset({"shards", "transports", "weight_sync", "projections", "events", "logs"}),
+    # The run's lifetime for an embedder: the controller and the refit machinery
+    # together (it composes controller and transports, which neither may do).
+    "embedding": frozenset(
+        {
+            "events",
+            "store",
+            "projections",
+            "weight_sync",
+            "queries",
+            "config",
+            "shards",
+            "adapters",
+            "controller",
+            "transports",
+            "logs",
+        }
+    ),
     "simulate": BELOW_CLI,
     "cli": BELOW_CLI | {"simulate"},
     "migrations": frozenset({"events", "store"}),
