@@ -23,6 +23,7 @@ from fleetledger.controller.ray_fleet import RayShardFleet  # noqa: E402
 from fleetledger.embedding import FleetRun  # noqa: E402
 from fleetledger.engines.simulated import SimulatedRefitShard, simulated_shard_factory  # noqa: E402
 from fleetledger.queries import load_view  # noqa: E402
+from fleetledger.shards.contract import Generation, GenerationRequest, GenerationShard  # noqa: E402
 from fleetledger.shards.naming import actor_prefix  # noqa: E402
 from fleetledger.store.log import EventLog  # noqa: E402
 from fleetledger.transports.ray_members import TrainerRank, parameters_of  # noqa: E402
@@ -177,3 +178,31 @@ def test_a_trainer_rank_broadcasts_its_modules_own_tensors_and_refuses_none() ->
         parameters_of(torch.nn.ReLU())
     with pytest.raises(ValueError, match=r"module=.*or total_bytes=.*not both"):
         TrainerRank()
+
+
+class PlainEngine(GenerationShard):
+    """An engine that serves no HTTP and says nothing of its address."""
+
+    async def is_alive(self, deep: bool = False) -> bool:
+        return True
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        raise NotImplementedError
+
+    async def weight_version(self) -> int:
+        return 0
+
+    async def set_weight_version(self, version: int) -> int:
+        return version
+
+
+def test_an_engine_without_a_base_url_is_recorded_at_its_actors_address() -> None:
+    named = ray.remote(PlainEngine).options(name="plain-engine-7", num_cpus=0).remote()
+    unnamed = ray.remote(PlainEngine).options(num_cpus=0).remote()
+    try:
+        assert ray.get(named.base_url.remote()) == "ray://plain-engine-7"
+        assert ray.get(unnamed.base_url.remote()) == f"ray://{unnamed._actor_id.hex()}"
+    finally:
+        ray.kill(named)
+        ray.kill(unnamed)
+    assert asyncio.run(PlainEngine().base_url()) is None  # not in an actor: no address
