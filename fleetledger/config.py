@@ -421,6 +421,32 @@ class ControllerConfig(_Section):
         except ValidationError as exc:
             raise ConfigError(f"{path}: {exc}") from exc
 
+    def with_overrides(self, overrides: Mapping[str, Any]) -> ControllerConfig:
+        """This configuration with keys set from code, by their dotted names
+        (``{"fleet_health.probe_interval_s": 1.0}``), validated whole as a file is — so a
+        combination the file would refuse is refused here too. A key that does not exist
+        or a value refused is one :class:`ConfigError` naming the key.
+
+        Story: ``model_copy(update=…)`` skips validation (a probe timeout longer than
+        its interval went through), and a nested section has to be copied by hand.
+        """
+        data = self.model_dump(mode="json")
+        for dotted, value in overrides.items():
+            section, _, key = dotted.partition(".")
+            table = data.get(section)
+            if not isinstance(table, dict) or key not in table:
+                raise ConfigError(
+                    f"{dotted}: no such configuration key (a key is section.name, e.g. "
+                    "fleet_health.probe_interval_s; the keys are in docs/controller.md)"
+                )
+            table[key] = value
+        try:
+            return self.from_mapping(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"]) or ", ".join(overrides)
+            raise ConfigError(f"overrides, {where}: {first['msg']}") from None
+
     @classmethod
     def from_recorded(cls, settings: Mapping[str, Any]) -> ControllerConfig:
         """The configuration a run recorded (``FleetConfig.settings``), renamed keys moved.

@@ -20,8 +20,14 @@ class ShardFact:
     seq: int
     shard: int
     kind: str  # ok | failed | died (probes and deaths); else the event's own type
-    error: str = ""
+    error: str = ""  # the cause's one line
     event_type: str = ""
+    raw: str = ""  # what was said, whole (the cause's raw text; older rows: ``error``)
+
+
+def _raw(said: object) -> str:
+    cause = getattr(said, "cause", None)
+    return cause.raw if cause is not None else str(getattr(said, "error", ""))
 
 
 def shard_facts(records: Iterable[RecordedEvent]) -> list[ShardFact]:
@@ -31,11 +37,16 @@ def shard_facts(records: Iterable[RecordedEvent]) -> list[ShardFact]:
         if event.type == "probe_round":
             facts += [ShardFact(r.seq, s, "ok", "", event.type) for s in event.ok]
             facts += [
-                ShardFact(r.seq, f.shard, "failed", f.error, event.type) for f in event.failed
+                ShardFact(r.seq, f.shard, "failed", f.error, event.type, _raw(f))
+                for f in event.failed
             ]
-            facts += [ShardFact(r.seq, d.shard, "died", d.error, event.type) for d in event.died]
+            facts += [
+                ShardFact(r.seq, d.shard, "died", d.error, event.type, _raw(d)) for d in event.died
+            ]
         elif event.type == "actor_death_confirmed":
-            facts.append(ShardFact(r.seq, event.shard, "died", event.error, event.type))
+            facts.append(
+                ShardFact(r.seq, event.shard, "died", event.error, event.type, _raw(event))
+            )
         elif isinstance(getattr(event, "shard", None), int):
             facts.append(ShardFact(r.seq, event.shard, event.type, "", event.type))
     return facts

@@ -505,3 +505,22 @@ def test_the_fleet_configuration_refuses_in_one_line_naming_the_fix() -> None:
         config.fleet_config(shard_count=1, train_world_size=0, base_urls=["http://a/v1"])
     made = config.fleet_config(shard_count=1, train_world_size=1, base_urls=["ray://shard-0"])
     assert made.base_urls == ("ray://shard-0",)
+
+
+def test_keys_set_from_code_are_validated_as_a_file_is_and_refused_in_one_line() -> None:
+    base = ControllerConfig.from_mapping({"fleet_health": {"enabled": True}})
+    changed = base.with_overrides({"fleet_health.probe_interval_s": 8.0, "refit.grace_s": 5.0})
+    assert (changed.fleet_health.probe_interval_s, changed.refit.grace_s) == (8.0, 5.0)
+    assert changed.fleet_health.enabled and base.fleet_health.probe_interval_s == 5.0
+    refused = [
+        ({"fleet_health.probe_interval_sec": 1.0}, "fleet_health.probe_interval_sec: no such"),
+        ({"nosection.key": 1}, "nosection.key: no such configuration key"),
+        # a combination the file would refuse: the timeout outlasts the interval
+        ({"fleet_health.probe_timeout_s": 9.0}, "overrides, fleet_health: "),
+        ({"refit.refit_timeout_s": "soon"}, "overrides, refit.refit_timeout_s: "),
+    ]
+    for overrides, said in refused:
+        with pytest.raises(ConfigError) as caught:
+            base.with_overrides(overrides)
+        assert str(caught.value).startswith(said) and "\n" not in str(caught.value), caught.value
+        assert isinstance(caught.value, FleetledgerError)

@@ -24,7 +24,10 @@ pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[dev]'")
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
-from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer  # noqa: E402
+from fleetledger.transports.gloo_broadcast import (  # noqa: E402
+    UNBOUNDED_SETTLE_S,
+    GlooBroadcastSynchronizer,
+)
 from fleetledger.weight_sync import (  # noqa: E402
     NoCollective,
     Party,
@@ -168,16 +171,19 @@ def test_a_transport_without_a_collective_says_not_applicable():
 # ── the settle window, unbounded refits, aborts that release, deterministic kinds ──
 
 
-def test_the_settle_window_follows_the_refit_timeout():
+def test_the_settle_window_follows_the_refit_timeout_and_is_bounded_without_one():
     """Not a fixed 10 s: a survivor that sees no error leaves at its op timeout, which is
-    the refit timeout; unbounded with it. An explicit window is kept."""
+    the refit timeout. With no refit timeout the wait for stragglers is still bounded
+    (the reference's rule: the abort the recovery sends is what releases them then). An
+    explicit window is kept."""
 
     def sync(**bounds) -> GlooBroadcastSynchronizer:
         return GlooBroadcastSynchronizer([object()], {0: [object()]}, **bounds)
 
     assert sync(refit_timeout_s=300.0, grace_s=60.0).settle_s == 360.0
     assert sync(refit_timeout_s=3.0, grace_s=1.0).settle_s == 4.0
-    assert sync(refit_timeout_s=None, grace_s=60.0).settle_s is None
+    assert sync(refit_timeout_s=None, grace_s=60.0).settle_s == UNBOUNDED_SETTLE_S == 60.0
+    assert sync(refit_timeout_s=None, settle_s=9.0).settle_s == 9.0
     assert sync(refit_timeout_s=300.0, settle_s=7.0).settle_s == 7.0
     with pytest.raises(ValueError, match="refit_timeout_s must be > 0 or None"):
         sync(refit_timeout_s=0.0)

@@ -3,7 +3,7 @@ say what they are for and functions that stay short, and read-only commands that
 load the controller.
 
 The table is the layering table of the README's Layout (the design's, extended by the parts
-`store`, `config`, `shards`, `adapters` and `router`). Every import counts — at module level, inside
+`store`, `config`, `shards`, `adapters`, `router` and `embedding`). Every import counts — at module level, inside
 a function, under ``TYPE_CHECKING`` — because a lazy import against the table is the
 same dependency, only discovered later.
 """
@@ -36,6 +36,7 @@ BELOW_CLI = frozenset(
         "router",
         "transports",
         "engines",
+        "embedding",
     }
 )
 # part -> the parts it may import (``errors`` may be imported from anywhere). ``logs``
@@ -71,6 +72,23 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     ),
     "transports": frozenset({"events", "projections", "weight_sync", "logs"}),
     "engines": frozenset({"shards", "transports", "weight_sync", "projections", "events", "logs"}),
+    # The run's lifetime for an embedder: the controller and the refit machinery
+    # together (it composes controller and transports, which neither may do).
+    "embedding": frozenset(
+        {
+            "events",
+            "store",
+            "projections",
+            "weight_sync",
+            "queries",
+            "config",
+            "shards",
+            "adapters",
+            "controller",
+            "transports",
+            "logs",
+        }
+    ),
     "simulate": BELOW_CLI,
     "cli": BELOW_CLI | {"simulate"},
     "migrations": frozenset({"events", "store"}),

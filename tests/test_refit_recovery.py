@@ -35,6 +35,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[dev]'")
 
 from fleetledger.projections.fleet_view import fold  # noqa: E402
+from fleetledger.transports.gloo_broadcast import UNBOUNDED_SETTLE_S  # noqa: E402
 from fleetledger.weight_sync import (  # noqa: E402
     AbortReport,
     Party,
@@ -680,7 +681,7 @@ def test_an_unbounded_refit_is_aborted_by_a_death_another_writer_records(
         )
         fleet.step(1)
         assert coordinator.refit(1).participants == (0, 1, 2)  # unbounded, and it works
-        assert fleet.sync.settle_s is None  # the settle window follows: unbounded too
+        assert fleet.sync.settle_s == UNBOUNDED_SETTLE_S  # the wait for stragglers: bounded
         expected = fleet.step(2)
         head = ledger.log.head(ledger.run)
         with EventLog.open(sqlite_url) as other_log, ThreadPoolExecutor(1) as pool:

@@ -341,8 +341,8 @@ class RayShardFleet:
         )
 
     def base_urls(self, timeout_s: float = 30.0) -> list[str | None]:
-        """Each shard's base URL as its actor reports it (``base_url()``), in shard order;
-        ``None`` for an engine that serves no HTTP (the contract's default)."""
+        """Each shard's base URL as its actor reports it (``base_url()``), in shard order:
+        an HTTP engine's ``.../v1``, else the contract's default ``ray://<actor name>``."""
         return [self._base_url_of(self.handle(s), timeout_s) for s in self.shards]
 
     @staticmethod

@@ -137,14 +137,12 @@ class SimulatedShard(GenerationShard):
     async def weight_version(self) -> int:
         return self._weight_version
 
-    async def base_url(self) -> str:
-        """Where this engine is reached: ``ray://<actor name>`` for a named actor (what
-        ``simulate`` records at the start), else ``ray://<actor id>``. Asked by
-        ``RayShardFleet.restart`` so ``replacement_loaded`` records the replacement's."""
+    async def base_url(self) -> str | None:
+        """Its HTTP server's ``.../v1`` when it serves one, else the contract's default:
+        ``ray://<actor name>``."""
         if self._serve_http:
             return await self.start_http()
-        context = ray.get_runtime_context()
-        return f"ray://{context.get_actor_name() or context.get_actor_id()}"
+        return await super().base_url()
 
     async def set_weight_version(self, version: int) -> int:
         self._weight_version = checked_weight_version(self._index, self._weight_version, version)

@@ -56,6 +56,7 @@ __all__ = [
     "RolloutDataFailure",
     "RolloutFailure",
     "checked_weight_version",
+    "ray_address",
 ]
 
 
@@ -159,10 +160,13 @@ class GenerationShard(ABC):
     # ── optional: the defaults say "nothing of the kind" ────────────────────
 
     async def base_url(self) -> str | None:
-        """Where clients reach this engine (an OpenAI-compatible ``.../v1``), or ``None``
-        when it serves no HTTP. Asked at the start and of every replacement, so
-        ``replacement_loaded`` records where the new engine listens."""
-        return None
+        """Where this engine is reached: an engine that serves HTTP overrides it with its
+        OpenAI-compatible ``.../v1``; by default the actor's own address,
+        ``ray://<actor name>`` (``ray://<actor id>`` when unnamed), so an engine reached
+        only through Ray still has an address to record and ``fleet_config`` never meets
+        a missing one. ``None`` only outside a Ray actor. Asked at the start and of every
+        replacement, so ``replacement_loaded`` records where the new engine listens."""
+        return ray_address()
 
     async def pid(self) -> int:
         """The actor's process: what a SIGKILL or SIGSTOP of the whole shard hits."""
@@ -184,6 +188,21 @@ class OptionalShardMethods(Protocol):
     async def pid(self) -> int: ...
 
     async def child_processes(self) -> list[dict[str, object]]: ...
+
+
+def ray_address() -> str | None:
+    """``ray://<actor name>`` (or ``ray://<actor id>``) of the Ray actor this runs in;
+    ``None`` outside one (Ray is imported only when asked)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        context = ray.get_runtime_context()
+        actor = context.get_actor_name() or context.get_actor_id()
+    except Exception:  # not in a Ray worker, or a runtime that cannot say
+        return None
+    return f"ray://{actor}" if actor else None
 
 
 def checked_weight_version(shard: int, held: int, version: int) -> int:

@@ -25,12 +25,11 @@ from fleetledger.controller.fleet_controller import FleetController, TrainingPro
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.controller.refit_recovery import RefitCoordinator
-from fleetledger.shards.naming import actor_prefix, shard_actor_name
+from fleetledger.shards.naming import actor_prefix
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
 from fleetledger.simulate.routed import RoutedRollouts
 from fleetledger.simulate.spec import SimulationSpec
-from fleetledger.simulate.trainer import WeightsSpec
 from fleetledger.store.log import EventLog
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
@@ -51,7 +50,6 @@ class Wiring:
     ledger: Ledger
     fleet: RayShardFleet
     trainer: ActorHandle
-    weights_spec: WeightsSpec
     sync: RestartAwareSynchronizer
     selector: ShardSelector
     controller: FleetController
@@ -89,15 +87,10 @@ def wire(
             spec.shards, engine.factory, ready_timeout_s=engine.ready_timeout_s
         )
         teardown.callback(fleet.shutdown)
-        # Each shard's address as it reports it: ray://<actor> for a simulated engine,
-        # the HTTP base URL a vLLM engine serves its OpenAI app on.
-        base_urls = fleet.base_urls()
+        # Each shard's address as it reports it: ray://<actor> for a simulated engine
+        # (the contract's default), the HTTP base URL a vLLM engine serves its app on.
         fleet_config = spec.config.fleet_config(
-            shard_count=spec.shards,
-            train_world_size=1,
-            base_urls=[
-                url or f"ray://{shard_actor_name(prefix, i)}" for i, url in enumerate(base_urls)
-            ],
+            shard_count=spec.shards, train_world_size=1, base_urls=fleet.base_urls()
         )
         ledger = Ledger.start(log, run, fleet_config)
         echo(f"run {run}: {spec.shards} shards, {spec.steps} steps → {log.database.display_url}")
@@ -129,7 +122,8 @@ def _drive(
     # None is unbounded, as configured: a death recorded mid-push still aborts the push.
     refit_timeout_s = refit.refit_timeout_s
     # The library's restart-aware transport: it asks the trainer for the receive-buffer
-    # spec and has every shard (and every replacement) allocate before it joins.
+    # spec at its first reconcile and has every shard (and every replacement) allocate
+    # before it joins.
     sync = RestartAwareSynchronizer(
         fleet,
         [trainer],
@@ -138,7 +132,6 @@ def _drive(
         grace_s=refit.grace_s,
         settle_s=refit.bound_s,  # the settle window follows the refit timeout (+ grace)
     )
-    weights_spec: WeightsSpec = sync.weights_spec
     chaos = ChaosInjector(ledger, fleet, echo, real_engine=engine.real)
     teardown.callback(chaos.thaw)  # runs before the fleet is shut down (stack order)
     controller = FleetController(
@@ -175,7 +168,6 @@ def _drive(
         ledger=ledger,
         fleet=fleet,
         trainer=trainer,
-        weights_spec=weights_spec,
         sync=sync,
         selector=ShardSelector.for_ledger(ledger),
         controller=controller,

@@ -8,13 +8,14 @@ weights by broadcast from rank 0, every receiver returning the checksum of what 
 Every wait is bounded: ``ray.wait`` with the refit timeout plus a grace (the ranks' own,
 attributable error should win the race against "it never came back"); a refit timeout
 of ``None`` makes them unbounded, explicitly. When one party fails, the others are given
-``settle_s`` to finish failing before the error propagates: the rebuild that follows is
-itself a collective and needs every survivor out of the old one. A survivor that sees no
-error leaves at its op timeout, which is the refit timeout — so the settle window
-follows the refit timeout (plus the grace); a fixed window shorter than it propagated
-the error while survivors still sat in the old group. What cuts a long wait short is an
-abort (``abort()``, which releases every member's parked collective): the refit
-coordinator aborts as soon as the ledger records a participant dead.
+``settle_s`` (bounded even then) to finish failing before the error propagates: the
+rebuild that follows is itself a collective and needs every survivor out of the old
+one. A survivor that sees no error leaves at its op timeout, which is the refit timeout —
+so the settle window follows the refit timeout (plus the grace); a fixed window shorter
+than it propagated the error while survivors still sat in the old group. What cuts a
+long wait short is an abort (``abort()``, which releases every member's parked
+collective): the refit coordinator aborts as soon as the ledger records a participant
+dead.
 
 Ray's "actor died" is reported as a dead party; no answer as a silent one. Each failure
 carries its kind (``RefitFailed.kind``): a dead peer or a reset connection is a lost
@@ -60,6 +61,12 @@ __all__ = ["GlooBroadcastSynchronizer"]
 
 CANCEL_POLL_S = 0.1
 """How often a build in progress looks whether ``abort()`` gave it up."""
+
+UNBOUNDED_SETTLE_S = 60.0
+"""How long the others get to settle once one party failed when the refit itself is
+unbounded (``refit_timeout_s=None``): the reference bounds the wait for stragglers before
+a rebuild whatever the refit's deadline, and with no op timeout a survivor parked in the
+old group never leaves by itself — what releases it is the abort the recovery sends."""
 
 ABORT_WAIT_S = 5.0
 """How long ``abort()`` waits for the members not known gone to acknowledge (it only sets
@@ -127,8 +134,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
     ) -> None:
         """``refit_timeout_s``: every collective's op timeout and, plus ``grace_s``, every
         wait for a push (``None``: unbounded). ``settle_s``: how long the others get once
-        one party failed; by default it follows the refit timeout (+ grace), unbounded
-        with it. ``store_host``: the address of trainer rank 0 that every rank reaches
+        one party failed; by default it follows the refit timeout (+ grace), and is
+        :data:`UNBOUNDED_SETTLE_S` when the refit is unbounded — never unbounded itself.
+        ``store_host``: the address of trainer rank 0 that every rank reaches
         its store at — loopback by default (one machine); on a fleet across machines,
         the trainer node's address (and ``GLOO_SOCKET_IFNAME`` set to match)."""
         self.store_host = store_host
@@ -154,7 +162,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         self.workers_per_shard = widths.pop()
         self.refit_timeout_s = refit_timeout_s
         self.grace_s = grace_s
-        self.settle_s = _plus(refit_timeout_s, grace_s) if settle_s is None else settle_s
+        if settle_s is None:
+            settle_s = UNBOUNDED_SETTLE_S if refit_timeout_s is None else refit_timeout_s + grace_s
+        self.settle_s: float = settle_s
         self.builds = 0  # the build the current communicator is (0: none built yet)
         self._numbered = 0  # the last build number handed out (a failed build uses one)
         self._lock = threading.Lock()
@@ -376,7 +386,7 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         # A member known gone is told (a dead one's call fails at once) but not waited
         # for: a frozen participant used to cost ABORT_WAIT_S on top of its detection.
         awaited = [ref for p, ref in asked if not (p.kind == "shard" and p.index in gone)]
-        wait = ABORT_WAIT_S if self.settle_s is None else min(self.settle_s, ABORT_WAIT_S)
+        wait = min(self.settle_s, ABORT_WAIT_S)
         if awaited:
             ray.wait(awaited, num_returns=len(awaited), timeout=wait)
         loading: dict[int, list[int | None]] = {}
@@ -439,16 +449,15 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
                 if outcome.status == "ok":
                     continue
                 # One failed: the others get settle_s from now, never more than bound.
-                if self.settle_s is not None:
-                    settled = time.monotonic() + self.settle_s
-                    if deadline is None or settled < deadline:
-                        deadline, settling = settled, settling or str(calls[ref])
+                settled = time.monotonic() + self.settle_s
+                if deadline is None or settled < deadline:
+                    deadline, settling = settled, settling or str(calls[ref])
                 if outcome.kind is RefitFailureKind.DETERMINISTIC and on_deterministic:
                     on_deterministic()
                     on_deterministic = None
         error = RefitFailed(stage)
         kinds: list[RefitFailureKind] = []
-        # Unbounded, a party is left pending only by the settle window (never unbounded then).
+        # Unbounded, a party is left pending only by the settle window (never unbounded).
         waited = "the settle window" if bound is None else f"{bound:g}s"
         if settling:
             waited = f"settle_s={self.settle_s:g}s after {settling} failed"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import torch
@@ -24,7 +25,13 @@ from fleetledger.transports.gloo_rank import (
     checksum,
 )
 
-__all__ = ["CommunicatorActor", "GenerationWorker", "TrainerRank", "make_parameters"]
+__all__ = [
+    "CommunicatorActor",
+    "GenerationWorker",
+    "TrainerRank",
+    "make_parameters",
+    "parameters_of",
+]
 
 T = TypeVar("T")
 
@@ -149,6 +156,31 @@ class CommunicatorActor:
     async def refit_checksum(self) -> str:
         return checksum(self._member().tensors)
 
+    def received_weights(self) -> Mapping[str, torch.Tensor]:
+        """The weights the last push delivered to this member, by parameter name (a
+        read-only mapping over the receive buffers, not a copy): what an engine loads
+        once a push lands (in its ``refit_broadcast`` override, after ``super()``'s).
+        Empty before the first allocation; overwritten by the next push."""
+        return MappingProxyType(self._member().tensors)
+
+
+def parameters_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``module``'s parameters by name, as the tensors it trains (detached, same storage).
+
+    Refused in one line: a module without parameters, or one whose parameter is not
+    contiguous (a broadcast sends a tensor's storage as it lies).
+    """
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    if not params:
+        raise ValueError(f"{type(module).__name__} has no parameters to broadcast")
+    for name, tensor in params.items():
+        if not tensor.is_contiguous():
+            raise ValueError(
+                f"parameter {name!r} of {type(module).__name__} is not contiguous: a refit "
+                "broadcasts storage as it lies; make it contiguous before training"
+            )
+    return params
+
 
 def make_parameters(
     total_bytes: int, *, tensors: int = 8, seed: int = 0
@@ -164,12 +196,41 @@ def make_parameters(
 
 
 class TrainerRank(CommunicatorActor):
-    """A trainer rank: holds the parameters, changes them each step, is rank 0's root."""
+    """A trainer rank: holds the parameters, changes them each step, is rank 0's root.
+
+    ``module``: the caller's own model (a ``torch.nn.Module``), whose parameters are what
+    this rank broadcasts — their names, shapes and dtypes, the very tensors (no copy), so
+    what the optimizer changes in place is what the next refit pushes. A trainer actor
+    subclasses this and hands its model over::
+
+        class MyTrainer(TrainerRank):
+            def __init__(self) -> None:
+                self.model = torch.nn.Linear(16, 4)
+                super().__init__(module=self.model)
+
+    ``total_bytes`` instead: random parameters of about that size (benches and tests,
+    with :meth:`train_step` to change them).
+    """
 
     _refit_needs_membership = False
 
-    def __init__(self, total_bytes: int, *, seed: int = 0) -> None:
-        self._member().tensors = make_parameters(total_bytes, seed=seed)
+    def __init__(
+        self,
+        total_bytes: int | None = None,
+        *,
+        module: torch.nn.Module | None = None,
+        seed: int = 0,
+    ) -> None:
+        if (total_bytes is None) == (module is None):
+            raise ValueError(
+                "TrainerRank: give the module whose parameters it broadcasts "
+                "(module=), or total_bytes= for random test parameters; not both"
+            )
+        if module is not None:
+            self._member().tensors = parameters_of(module)
+        else:
+            assert total_bytes is not None
+            self._member().tensors = make_parameters(total_bytes, seed=seed)
 
     async def train_step(self, version: int) -> str:
         """Change every parameter (deterministically for ``version``); return the checksum."""

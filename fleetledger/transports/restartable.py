@@ -24,7 +24,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-import ray
 from ray.actor import ActorHandle
 
 from fleetledger.transports.gloo_broadcast import GlooBroadcastSynchronizer
@@ -52,7 +51,8 @@ class RestartAwareSynchronizer(GlooBroadcastSynchronizer):
 
     ``trainers``: the trainer rank actors (rank 0 first, each a ``TrainerRank``).
     ``weights_spec``: the receive-buffer spec; by default asked of trainer rank 0
-    (``spec()``). ``workers``: a shard's communicator members, by default its one actor
+    (``spec()``) at the first reconcile — the constructor never waits on an actor, so it
+    is safe in an event loop. ``workers``: a shard's communicator members, by default its one actor
     (``[fleet.handle(shard)]``); give it for shards of several ranks (tp × pp).
     ``allocate_timeout_s`` bounds each allocation. The remaining keywords
     (``refit_timeout_s``, ``grace_s``, ``settle_s``, ``build_timeout_s``) are
@@ -74,9 +74,11 @@ class RestartAwareSynchronizer(GlooBroadcastSynchronizer):
             trainers, {shard: self._workers_of(shard) for shard in fleet.shards}, **bounds
         )
         self._fleet = fleet
-        if weights_spec is None:
-            weights_spec = ray.get(trainers[0].spec.remote(), timeout=allocate_timeout_s)
-        self.weights_spec: WeightsSpec = dict(weights_spec)
+        self._trainer_0 = trainers[0]
+        # Asked of trainer rank 0 at the first reconcile, not here: a constructor that
+        # waits on an actor blocks an event loop, and a failed trainer surfaced as a
+        # traceback out of it; in reconcile it is a refit failure naming trainer 0.
+        self.weights_spec: WeightsSpec | None = None if weights_spec is None else dict(weights_spec)
         self.allocate_timeout_s = allocate_timeout_s
         # shard -> the incarnation whose workers hold buffers and are this transport's
         # members; a shard missing here has never been allocated.
@@ -94,6 +96,14 @@ class RestartAwareSynchronizer(GlooBroadcastSynchronizer):
         and take its workers in; True when one did (the rebuild is then forced). A
         replacement that does not answer fails the refit naming it, within the bound —
         and within ``CANCEL_POLL_S`` of an abort."""
+        if self.weights_spec is None:
+            (spec,) = self._gather(
+                {self._trainer_0.spec.remote(): Party.trainer(0)},
+                self.allocate_timeout_s,
+                "weights spec",
+                cancel=cancel,
+            )
+            self.weights_spec = dict(spec)
         changed = False
         for shard in range(self.dp_size):
             if shard in absent:

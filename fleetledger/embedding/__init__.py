@@ -1,0 +1,5 @@
+"""What an embedding of fleetledger uses as one piece: the run's lifetime (:class:`FleetRun`)."""
+
+from fleetledger.embedding.fleet_run import FleetRun, RunPieces
+
+__all__ = ["FleetRun", "RunPieces"]
