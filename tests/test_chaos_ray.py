@@ -626,21 +626,27 @@ def test_a_probe_round_through_a_replaced_handle_records_nothing(log, fleet):
     assert not last.failed and not last.died  # and nothing of the replaced shard 2
 
 
-def test_actor_death_confirmed_keeps_rays_whole_cause_and_explain_shows_it(log, fleet):
+def test_actor_death_confirmed_reads_rays_cause_into_facts_and_keeps_it_whole(log, fleet):
     controller = _controller(log, fleet)
     ledger = controller.ledger
     pid = fleet.pids()[2]
     os.kill(pid, signal.SIGKILL)
     controller.pump.probe_round()
     (recorded,) = _death_events(log, ledger.run, 2)
-    error = recorded.error
-    # Not the first line ("The actor died unexpectedly …"): the pid, the actor's class and
-    # the exit type and its story, on one line.
-    assert f"pid: {pid}" in error and "class_name: SimulatedShard" in error, error
-    assert "Worker exit type: SYSTEM_ERROR" in error and "OOM" in error, error
-    assert "\n" not in error and len(error) <= MAX_TEXT
-    explained = RunReader(log, ledger.run).explain(2, None).text
-    assert f"pid: {pid}" in explained and "Worker exit type: SYSTEM_ERROR" in explained
+    # What is printed: the process, its node and how it ended, on one line; not Ray's
+    # first line ("The actor died unexpectedly …") nor its advice about the OOM killer.
+    node = ray.util.get_node_ip_address()
+    assert recorded.error == f"actor process {pid} on {node} killed (SIGKILL or a crash)"
+    cause = recorded.cause
+    assert cause is not None and (cause.pid, cause.node, cause.how) == (pid, node, "killed")
+    # What Ray said, whole: the actor's class, the exit type and its story.
+    assert (
+        "class_name: SimulatedShard" in cause.raw and "Worker exit type: SYSTEM_ERROR" in cause.raw
+    )
+    assert "OOM" in cause.raw and len(cause.raw) <= MAX_TEXT
+    explanation = RunReader(log, ledger.run).explain(2, None)
+    assert recorded.error in explanation.text and "OOM" not in explanation.text
+    assert "Worker exit type: SYSTEM_ERROR" in explanation.raw_text  # explain --raw
     # A rollout's view of the same death carries the same whole text.
     with pytest.raises(ShardActorDied) as raised:
         asyncio.run(fleet.generate(2, GenerationRequest(prompt_id="p", group_id="g", prompt="")))
@@ -652,7 +658,7 @@ def test_a_death_text_past_the_event_limit_is_clipped_with_a_visible_elision():
     long.error_msg = "The actor died.\n\tpid: 1\n" + "x" * (2 * MAX_TEXT)
     text = death_text(long)
     assert len(text) == MAX_TEXT and text.endswith("[clipped to the event's limit]")
-    assert text.startswith("ActorDiedError: The actor died. | pid: 1 | xxx")
+    assert text.startswith("ActorDiedError: The actor died.\n\tpid: 1\nxxx")
 
 
 class UrlShard(SimulatedShard):

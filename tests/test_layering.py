@@ -3,9 +3,9 @@ say what they are for and functions that stay short, and read-only commands that
 load the controller.
 
 The table is the layering table of the README's Layout (the design's, extended by the parts
-`store`, `config`, `shards`, `adapters`, `router` and `embedding`). Every import counts — at module level, inside
-a function, under ``TYPE_CHECKING`` — because a lazy import against the table is the
-same dependency, only discovered later.
+`store`, `config`, `shards`, `adapters`, `router` and `embedding`). Every import counts —
+at module level, inside a function, under ``TYPE_CHECKING`` — because a lazy import
+against the table is the same dependency, only discovered later.
 """
 
 from __future__ import annotations

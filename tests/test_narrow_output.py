@@ -130,6 +130,11 @@ def test_every_text_command_fits_the_width_and_keeps_its_answer(
         ("replay", demo): ["SUSPECT → DEAD"],
         ("timeline", RUN, "-o", str(tmp_path / "t.html")): ["wrote", "5 of 5 steps done"],
         ("migrate",): ["ledger schema already at revision"],
+        ("demo",): ["HEALTHY → SUSPECT", "run id: demo-"],
+        ("export", RUN, "-o", str(tmp_path / "run.jsonl")): [],
+        ("import", str(tmp_path / "run.jsonl"), "--run", "copy"): [
+            "imported 14 events as run copy"
+        ],
     }
     for args, facts in expected.items():
         lines = _at(columns, *args, *db)
