@@ -389,11 +389,14 @@ def _gloo(exception: str, body: str, lines: list[str]) -> Cause:
 
 
 def _timeout(exception: str, body: str, lines: list[str]) -> Cause:
+    """A bound that ran out: its own words when they say so ("no answer within …", the
+    probe pump's), else the exception's type and message."""
+    said = lines[0] if lines[0].startswith("no answer") or not exception else None
     return Cause(
         what="call",
         how="timeout",
         exception=exception,
-        message=_one_line(f"{exception}: {lines[0]}" if exception else lines[0]),
+        message=_one_line(said if said is not None else f"{exception}: {lines[0]}"),
     )
 
 
