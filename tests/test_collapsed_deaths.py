@@ -203,3 +203,23 @@ def test_at_most_one_death_is_recorded_per_incarnation(sqlite_url: str, reports)
         recorded = sum(isinstance(e, ActorDeathConfirmed) for e in events)
         assert recorded + sum(ledger.collapsed_deaths.values()) == reported
         assert ledger.view == fold(log.read(run))
+
+
+def test_reports_through_a_replaced_actor_are_warned_of_once_and_counted(log: EventLog) -> None:
+    """One SIGKILL fails every rollout in flight on the actor; each reports the death
+    after the restart. One warning per replaced actor, the rest at debug, all counted."""
+    ledger = Ledger.start(log, "r", fleet_config(3))
+    ledger.actor_died(1, RAY_TEXT, incarnation=0)
+    ledger.restart_requested(1)
+    stream = io.StringIO()
+    configure_logging("debug", "json", stream=stream)
+    try:
+        for _ in range(5):
+            assert ledger.actor_died(1, RAY_TEXT, incarnation=0) == []
+    finally:
+        configure_logging("warning")
+    lines = [json.loads(text) for text in stream.getvalue().splitlines()]
+    dropped = [x for x in lines if x["event"].startswith("stale report dropped")]
+    assert [x["level"] for x in dropped] == ["warning"] + ["debug"] * 4
+    assert [x["dropped"] for x in dropped] == [1, 2, 3, 4, 5]
+    assert ledger.stale_dropped == {(1, 0): 5}

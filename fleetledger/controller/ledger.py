@@ -181,6 +181,8 @@ class Ledger:
         self._results_since_snapshot = 0  # probe results folded since (see results_in)
         self._lock = threading.RLock()
         self._collapsed: dict[int, int] = {}  # shard → deaths counted, not recorded
+        # (shard, incarnation) → reports dropped as stale: said once, counted after
+        self._stale_dropped: dict[tuple[int, int], int] = {}
         self.late_reports = LateReports(run)  # reports that met the run's end
         # Where the training loop stands, recorded in ``run_ended`` (``end_run``).
         self.progress_source: Callable[[], RunProgress | None] | None = None
@@ -374,15 +376,27 @@ class Ledger:
         current = self._view.shards[shard].restart_attempts
         if incarnation >= current:
             return False
-        _log.warning(
+        # One SIGKILL fails every rollout in flight on the actor, and each reports the
+        # death after the restart: one warning per replaced actor, the rest at debug.
+        seen = self._stale_dropped.get((shard, incarnation), 0)
+        self._stale_dropped[(shard, incarnation)] = seen + 1
+        (_log.debug if seen else _log.warning)(
             "stale report dropped: seen through a replaced actor",
             run=self.run,
             shard=shard,
             report=what,
             incarnation=incarnation,
             current_incarnation=current,
+            dropped=seen + 1,
         )
         return True
+
+    @property
+    def stale_dropped(self) -> dict[tuple[int, int], int]:
+        """Per (shard, incarnation), the reports dropped because a restart replaced that
+        actor since (this process's count): warned of once each, counted here."""
+        with self._lock:
+            return dict(self._stale_dropped)
 
     def report_outcomes(self, adapter: str, outcomes: Iterable[ShardOutcomes]) -> list[Transition]:
         """One adapter's window: successes and failures per shard, handed over together."""
