@@ -66,6 +66,7 @@ from fleetledger.engines.simulated import (  # noqa: E402 - needs Ray
     SimulatedShard,
     simulated_shard_factory,
 )
+from fleetledger.events.causes import read_cause  # noqa: E402
 from fleetledger.transports.ray_members import TrainerRank  # noqa: E402 - needs torch
 from fleetledger.transports.restartable import RestartAwareSynchronizer  # noqa: E402
 from tests.probe_facts import ShardFact, deaths, probes, shard_facts  # noqa: E402
@@ -637,13 +638,12 @@ def test_actor_death_confirmed_reads_rays_cause_into_facts_and_keeps_it_whole(lo
     # first line ("The actor died unexpectedly …") nor its advice about the OOM killer.
     node = ray.util.get_node_ip_address()
     assert recorded.error == f"actor process {pid} on {node} killed (SIGKILL or a crash)"
-    cause = recorded.cause
-    assert cause is not None and (cause.pid, cause.node, cause.how) == (pid, node, "killed")
+    cause = read_cause(recorded.raw)  # the raw text kept in the event's cause
+    assert (cause.pid, cause.node, cause.how) == (pid, node, "killed")
     # What Ray said, whole: the actor's class, the exit type and its story.
-    assert (
-        "class_name: SimulatedShard" in cause.raw and "Worker exit type: SYSTEM_ERROR" in cause.raw
-    )
-    assert "OOM" in cause.raw and len(cause.raw) <= MAX_TEXT
+    raw = recorded.raw
+    assert "class_name: SimulatedShard" in raw and "Worker exit type: SYSTEM_ERROR" in raw
+    assert "OOM" in raw and len(raw) <= MAX_TEXT
     explanation = RunReader(log, ledger.run).explain(2, None)
     assert recorded.error in explanation.text and "OOM" not in explanation.text
     assert "Worker exit type: SYSTEM_ERROR" in explanation.raw_text  # explain --raw

@@ -167,9 +167,9 @@ def test_kill_an_idle_shard_it_is_dead_at_once_traffic_moves_and_the_run_complet
         f"{death}: {DIED.error}); a confirmed death is conclusive, so it went HEALTHY → DEAD at "
         "once, without counting failures"
     ) in out
-    assert "absent: no traffic and no rank in the next refit communicator" in out
+    assert "absent (no traffic, no rank in the next refit)" in out
     assert "serving [0], absent [1]" in out
-    assert "layout: world 4: trainers → ranks 0–1, shard 0 → ranks 2–3" in out
+    assert "layout: world 4; shard 1 has no rank (absent)" in out  # its own place in it
     assert "restarts: 0 of max_restart_attempts_per_shard 5 used" in out
 
     run = explain(sqlite_url)
@@ -219,7 +219,10 @@ def test_kill_a_serving_shard_its_failed_generation_then_its_death(sqlite_url: s
     assert (
         f"seq {reported} (" in out and f"HEALTHY → SUSPECT — reported failure: {failure} ×1" in out
     )
-    assert f"SUSPECT → DEAD — actor death confirmed by the runtime: {DIED.error}" in out
+    # The cause printed once (in the answer's first sentence), then by reference.
+    assert f"(seq {death}: {DIED.error})" in out
+    moved = "SUSPECT → DEAD — actor death confirmed by the runtime"
+    assert f"{moved}: same cause as seq {death}" in out
     assert (
         "refits: none open; the last completed was weight version 2 over shards 0 and 1 at "
         f"seq {second}" in explain(sqlite_url)
@@ -624,7 +627,7 @@ def test_fleet_exhausted_below_min_healthy_shards_ends_the_run_with_that_cause(
         "timeout: no answer within probe_timeout_s=2) ≥ unhealthy_threshold 3; no actor death "
         "was confirmed: the probe streak condemned it."
     ) in shard
-    assert "layout: world 3: trainers → ranks 0–1, shard 2 → ranks 2–2" in shard
+    assert "layout: world 3; shard 1 has no rank (absent)" in shard
 
 
 # ── a stall with nothing in flight ─────────────────────────────────────────────

@@ -226,11 +226,11 @@ class TrainerRank(CommunicatorActor):
                 "TrainerRank: give the module whose parameters it broadcasts "
                 "(module=), or total_bytes= for random test parameters; not both"
             )
-        if module is not None:
-            self._member().tensors = parameters_of(module)
-        else:
-            assert total_bytes is not None
-            self._member().tensors = make_parameters(total_bytes, seed=seed)
+        self._member().tensors = (
+            parameters_of(module)
+            if module is not None
+            else make_parameters(int(total_bytes or 0), seed=seed)
+        )
 
     async def train_step(self, version: int) -> str:
         """Change every parameter (deterministically for ``version``); return the checksum."""
