@@ -74,21 +74,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "engines": frozenset({"shards", "transports", "weight_sync", "projections", "events", "logs"}),
     # The run's lifetime for an embedder: the controller and the refit machinery
     # together (it composes controller and transports, which neither may do).
-    "embedding": frozenset(
-        {
-            "events",
-            "store",
-            "projections",
-            "weight_sync",
-            "queries",
-            "config",
-            "shards",
-            "adapters",
-            "controller",
-            "transports",
-            "logs",
-        }
-    ),
+    "embedding": BELOW_CLI - {"errors", "router", "engines", "embedding"},
     "simulate": BELOW_CLI,
     "cli": BELOW_CLI | {"simulate"},
     "migrations": frozenset({"events", "store"}),

@@ -1,5 +1,5 @@
 """What an embedding of fleetledger uses as one piece: the run's lifetime (:class:`FleetRun`)."""
 
-from fleetledger.embedding.fleet_run import FleetRun, RunPieces
+from fleetledger.embedding.fleet_run import FleetRun, RunPieces, refit_machinery
 
-__all__ = ["FleetRun", "RunPieces"]
+__all__ = ["FleetRun", "RunPieces", "refit_machinery"]

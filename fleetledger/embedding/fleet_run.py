@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -40,31 +41,58 @@ from fleetledger.controller.fleet_controller import FleetController, TrainingPro
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import GenerationReports, RayShardFleet
 from fleetledger.controller.refit_recovery import RefitCoordinator, RefitOutcome, RunFailed
-from fleetledger.events.causes import cause_line
+from fleetledger.events.causes import exception_line
 from fleetledger.store.log import EventLog
 from fleetledger.transports.restartable import RestartAwareSynchronizer
 
-__all__ = ["FleetRun", "RunPieces"]
+__all__ = ["FleetRun", "RunPieces", "refit_machinery"]
 
 
+@dataclass(frozen=True)
 class RunPieces:
     """What the block of a :class:`FleetRun` works with, all started."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        controller: FleetController,
-        synchronizer: RestartAwareSynchronizer,
-        coordinator: RefitCoordinator,
-        reports: GenerationReports,
-        selector: ShardSelector,
-    ) -> None:
-        self.ledger = ledger
-        self.controller = controller
-        self.synchronizer = synchronizer
-        self.coordinator = coordinator
-        self.reports = reports
-        self.selector = selector
+    ledger: Ledger
+    controller: FleetController
+    synchronizer: RestartAwareSynchronizer
+    coordinator: RefitCoordinator
+    reports: GenerationReports
+    selector: ShardSelector
+
+
+def refit_machinery(
+    ledger: Ledger,
+    fleet: RayShardFleet,
+    trainers: Sequence[ActorHandle],
+    config: ControllerConfig,
+    controller: FleetController,
+    **synchronizer_options: Any,
+) -> tuple[RestartAwareSynchronizer, RefitCoordinator]:
+    """The refit path of a run, one way for every caller (``FleetRun``, ``simulate``):
+    the restart-aware gloo broadcast from ``trainers`` and the coordinator over it, both
+    bounded by ``config.refit``; while fleet health is on, a waiting refit probes its
+    STALE participants on the probe cadence; the watchdog stands down while it recovers.
+    """
+    refit = config.refit
+    synchronizer = RestartAwareSynchronizer(
+        fleet,
+        trainers,
+        refit_timeout_s=refit.refit_timeout_s,
+        grace_s=refit.grace_s,
+        **synchronizer_options,
+    )
+    health = config.fleet_health
+    coordinator = RefitCoordinator(
+        ledger,
+        synchronizer,
+        fleet,
+        refit_timeout_s=refit.refit_timeout_s,
+        grace_s=refit.grace_s,
+        probe_timeout_s=health.probe_timeout_s,
+        stale_probe_interval_s=health.probe_interval_s if health.enabled else None,
+        recovering=controller.watchdog.recovering,
+    )
+    return synchronizer, coordinator
 
 
 class FleetRun:
@@ -182,7 +210,7 @@ class FleetRun:
         try:
             return self._start_machinery(ledger)
         except BaseException as exc:
-            ledger.end_run_if_open("failed", f"the run could not start: {_said(exc)}")
+            ledger.end_run_if_open("failed", f"the run could not start: {exception_line(exc)}")
             stack.close()
             raise
 
@@ -198,23 +226,8 @@ class FleetRun:
             restart_ready_timeout_s=self._restart_ready_timeout_s,
         ).start()
         stack.callback(controller.stop)  # before the log closes (stack order)
-        refit = config.refit
-        synchronizer = RestartAwareSynchronizer(
-            self.fleet,
-            self.trainers,
-            refit_timeout_s=refit.refit_timeout_s,
-            grace_s=refit.grace_s,
-            **self._sync_options,
-        )
-        coordinator = RefitCoordinator(
-            ledger,
-            synchronizer,
-            self.fleet,
-            refit_timeout_s=refit.refit_timeout_s,
-            grace_s=refit.grace_s,
-            probe_timeout_s=config.fleet_health.probe_timeout_s,
-            stale_probe_interval_s=config.fleet_health.probe_interval_s,
-            recovering=controller.watchdog.recovering,
+        synchronizer, coordinator = refit_machinery(
+            ledger, self.fleet, self.trainers, config, controller, **self._sync_options
         )
         reports = GenerationReports(ledger, adapter=self._adapter)
         return RunPieces(
@@ -248,9 +261,9 @@ class FleetRun:
         elif isinstance(exc, RolloutAbandoned):
             pieces.controller.end_run_failed(str(exc))  # the exhausted fleet, when truer
         elif isinstance(exc, KeyboardInterrupt | asyncio.CancelledError | SystemExit):
-            pieces.ledger.end_run_if_open("aborted", f"interrupted: {_said(exc)}")
+            pieces.ledger.end_run_if_open("aborted", f"interrupted: {exception_line(exc)}")
         else:
-            pieces.ledger.end_run_if_open("failed", _said(exc))
+            pieces.ledger.end_run_if_open("failed", exception_line(exc))
 
     def __enter__(self) -> FleetRun:
         self._pieces = self._start()
@@ -275,12 +288,3 @@ class FleetRun:
         tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self._end, exc)
-
-
-def _said(exc: BaseException) -> str:
-    """An exception in the one line its cause reads as (type and message, no traceback)."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""
-    return cause_line(f"{type(exc).__name__}: {text}" if text.strip() else type(exc).__name__)

@@ -39,7 +39,15 @@ from pydantic import (
     model_serializer,
 )
 
-__all__ = ["CAUSE_RAW_LIMIT", "Cause", "CauseHow", "CauseWhat", "cause_line", "read_cause"]
+__all__ = [
+    "CAUSE_RAW_LIMIT",
+    "Cause",
+    "CauseHow",
+    "CauseWhat",
+    "cause_line",
+    "exception_line",
+    "read_cause",
+]
 
 CAUSE_RAW_LIMIT = 4096
 """The most characters of raw text a cause keeps (an event's text limit)."""
@@ -449,6 +457,17 @@ def read_cause(text: str) -> Cause:
     else:
         cause = _unknown(exception, body, lines)
     return cause.model_copy(update={"raw": _clip_raw(text)})
+
+
+def exception_line(exc: BaseException) -> str:
+    """An exception as the one line its cause reads as (``Type: message``, read like any
+    cause: Ray's death as the process, signal and node, gloo's as the peer, never a
+    remote traceback); one whose text cannot be read still has its type."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return cause_line(f"{type(exc).__name__}: {text}" if text.strip() else type(exc).__name__)
 
 
 def cause_line(text: str) -> str:

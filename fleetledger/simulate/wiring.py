@@ -25,6 +25,7 @@ from fleetledger.controller.fleet_controller import FleetController, TrainingPro
 from fleetledger.controller.ledger import Ledger
 from fleetledger.controller.ray_fleet import RayShardFleet
 from fleetledger.controller.refit_recovery import RefitCoordinator
+from fleetledger.embedding import refit_machinery
 from fleetledger.shards.naming import actor_prefix
 from fleetledger.simulate.chaos import ChaosInjector
 from fleetledger.simulate.engines import EngineChoice, RefitCheck, choose_engine
@@ -118,20 +119,6 @@ def _drive(
     teardown: ExitStack,
 ) -> Wiring:
     trainer = engine.trainer
-    refit = spec.config.refit
-    # None is unbounded, as configured: a death recorded mid-push still aborts the push.
-    refit_timeout_s = refit.refit_timeout_s
-    # The library's restart-aware transport: it asks the trainer for the receive-buffer
-    # spec at its first reconcile and has every shard (and every replacement) allocate
-    # before it joins.
-    sync = RestartAwareSynchronizer(
-        fleet,
-        [trainer],
-        allocate_timeout_s=120,
-        refit_timeout_s=refit_timeout_s,
-        grace_s=refit.grace_s,
-        settle_s=refit.bound_s,  # the settle window follows the refit timeout (+ grace)
-    )
     chaos = ChaosInjector(ledger, fleet, echo, real_engine=engine.real)
     teardown.callback(chaos.thaw)  # runs before the fleet is shut down (stack order)
     controller = FleetController(
@@ -150,17 +137,12 @@ def _drive(
         teardown.callback(server.shutdown)
         echo(f"metrics on http://127.0.0.1:{server.server_port}/metrics")
     teardown.callback(controller.stop)  # first out: nothing probes a fleet being freed
-    coordinator = RefitCoordinator(
-        ledger,
-        sync,
-        fleet,
-        refit_timeout_s=refit_timeout_s,
-        grace_s=refit.grace_s,
-        probe_timeout_s=spec.config.fleet_health.probe_timeout_s,
-        recovering=controller.watchdog.recovering,
-        stale_probe_interval_s=(
-            spec.config.fleet_health.probe_interval_s if spec.config.fleet_health.enabled else None
-        ),
+    # The library's refit path (embedding.refit_machinery): the restart-aware transport
+    # asks the trainer for the receive-buffer spec at its first reconcile and has every
+    # shard (and every replacement) allocate before it joins; refit_timeout_s None is
+    # unbounded, as configured, and a death recorded mid-push still aborts the push.
+    sync, coordinator = refit_machinery(
+        ledger, fleet, [trainer], spec.config, controller, allocate_timeout_s=120
     )
     return Wiring(
         run=run,

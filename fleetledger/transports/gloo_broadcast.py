@@ -37,7 +37,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from fleetledger.events.causes import cause_line
+from fleetledger.events.causes import exception_line
 from fleetledger.events.models import shard_outside
 from fleetledger.projections.decisions import refit_failure_kind
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
@@ -71,17 +71,6 @@ old group never leaves by itself — what releases it is the abort the recovery 
 ABORT_WAIT_S = 5.0
 """How long ``abort()`` waits for the members not known gone to acknowledge (it only sets
 a flag, answered on the member's event loop within milliseconds)."""
-
-
-def _said(exc: BaseException) -> str:
-    """What a party's failure says, in the one line its cause reads as
-    (``events/causes.py``): Ray's death as the process, signal and node, gloo's error as
-    the peer and what happened to the connection, without either's advice."""
-    try:
-        text = str(exc)
-    except Exception:  # an exception whose text cannot be read still has a type
-        text = ""
-    return cause_line(f"{type(exc).__name__}: {text}" if text.strip() else type(exc).__name__)
 
 
 def _plus(seconds: float | None, extra: float) -> float | None:
@@ -483,9 +472,9 @@ class GlooBroadcastSynchronizer(WeightSynchronizer):
         try:
             return _Outcome("ok", ray.get(ref, timeout=0))
         except ActorUnavailableError as exc:  # unreachable for now, not known dead
-            return _Outcome("error", _said(exc), RefitFailureKind.PEER_LOST, exc)
+            return _Outcome("error", exception_line(exc), RefitFailureKind.PEER_LOST, exc)
         except RayActorError as exc:
-            return _Outcome("dead", _said(exc), RefitFailureKind.PEER_LOST, exc)
+            return _Outcome("dead", exception_line(exc), RefitFailureKind.PEER_LOST, exc)
         except Exception as exc:
             cause = getattr(exc, "cause", None) or exc
-            return _Outcome("error", _said(cause), _kind_of(cause), cause)
+            return _Outcome("error", exception_line(cause), _kind_of(cause), cause)
