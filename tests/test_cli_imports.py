@@ -44,7 +44,7 @@ NEVER_FOR_A_READ = (
     "fleetledger.controller",
     "fleetledger.engines",
     "fleetledger.transports",
-    "fleetledger.cli.timeline",
+    "fleetledger.timeline",
 )
 # Printing JSON needs no table: neither rich nor the replay table's code.
 NEVER_FOR_JSON = (*NEVER_FOR_A_READ, "rich", "fleetledger.cli.entry_table")

@@ -5,7 +5,7 @@ then silently dropped from the history, printed as its bare type name, or refuse
 half-way through a replay. A stray key is dead code that looks alive. Both are caught
 here, before any run meets them: the fold (``fleet_view._HANDLERS``), the history
 (``history.ENTRY_BUILDERS``) and the event words (``explain.EVENT_WORDS``) are held to
-``EVENT_TYPES``; the replay table's wording (``entry_table.ENTRY_WORDING``) and the
+``EVENT_TYPES``; the replay table's wording (``entry_words.ENTRY_WORDING``) and the
 run explanation's findings (``explain.FINDINGS``) to the history's entry types; and the
 shard explanation's sentences (``explain.BECAUSE``) to the inputs that move a shard.
 """
@@ -16,9 +16,9 @@ import inspect
 
 import pytest
 
-from fleetledger.cli.entry_table import ENTRY_WORDING
 from fleetledger.events.models import EVENT_TYPES, Event, RunEnded, RunStarted
 from fleetledger.projections import history
+from fleetledger.projections.entry_words import ENTRY_WORDING
 from fleetledger.projections.explain import BECAUSE, EVENT_WORDS, FINDINGS, describe_event
 from fleetledger.projections.fleet_view import _HANDLERS
 from fleetledger.projections.history import ENTRY_BUILDERS, ENTRY_TYPES, Entry, History
@@ -58,7 +58,7 @@ def test_entry_types_are_every_entry_class_the_history_defines() -> None:
 @pytest.mark.parametrize(
     ("name", "table"),
     [
-        ("entry_table.ENTRY_WORDING (the replay table)", ENTRY_WORDING),
+        ("entry_words.ENTRY_WORDING (the replay table)", ENTRY_WORDING),
         ("explain.FINDINGS (trouble in a run)", FINDINGS),
     ],
 )

@@ -3,9 +3,9 @@ say what they are for and functions that stay short, and read-only commands that
 load the controller.
 
 The table is the layering table of the README's Layout (the design's, extended by the parts
-`store`, `config`, `shards`, `adapters`, `router` and `embedding`). Every import counts —
-at module level, inside a function, under ``TYPE_CHECKING`` — because a lazy import
-against the table is the same dependency, only discovered later.
+`store`, `config`, `shards`, `adapters`, `router`, `embedding`, `timeline` and `web`).
+Every import counts — at module level, inside a function, under ``TYPE_CHECKING`` —
+because a lazy import against the table is the same dependency, only discovered later.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ BELOW_CLI = frozenset(
         "transports",
         "engines",
         "embedding",
+        "timeline",
+        "web",
     }
 )
 # part -> the parts it may import (``errors`` may be imported from anywhere). ``logs``
@@ -74,7 +76,11 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "engines": frozenset({"shards", "transports", "weight_sync", "projections", "events", "logs"}),
     # The run's lifetime for an embedder: the controller and the refit machinery
     # together (it composes controller and transports, which neither may do).
-    "embedding": BELOW_CLI - {"errors", "router", "engines", "embedding"},
+    "embedding": BELOW_CLI - {"errors", "router", "engines", "embedding", "timeline", "web"},
+    # A run's picture: one scene from the history, painted as PNG, HTML or an SVG fragment.
+    "timeline": frozenset({"events", "projections"}),
+    # The read-only HTTP face of a ledger (API, stream, page): what a read command sees.
+    "web": frozenset({"events", "store", "projections", "queries", "timeline", "logs"}),
     "simulate": BELOW_CLI,
     "cli": BELOW_CLI | {"simulate"},
     "migrations": frozenset({"events", "store"}),

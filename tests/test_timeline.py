@@ -22,9 +22,6 @@ import pytest
 from hypothesis import given
 from typer.testing import Result
 
-from fleetledger.cli.timeline import html as html_painter
-from fleetledger.cli.timeline.palette import NOT_ENDED_COLOUR, Glyph
-from fleetledger.cli.timeline.scene import MAX_LABELLED_REFITS, Scene, build_scene
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.events.models import (
     CondemnationRefused,
@@ -38,6 +35,9 @@ from fleetledger.projections.history import EpochEntry, TransitionEntry, replay
 from fleetledger.projections.lanes import Lanes, build_lanes, lanes_of
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.store.log import EventLog
+from fleetledger.timeline import html as html_painter
+from fleetledger.timeline.palette import NOT_ENDED_COLOUR, Glyph
+from fleetledger.timeline.scene import MAX_LABELLED_REFITS, Scene, build_scene
 from tests.cli_support import invoke, run_cli
 from tests.projection_builders import Fleet, fleet_config
 from tests.test_fold_properties import CHEAP_PROPERTY, runs
@@ -659,7 +659,7 @@ def test_the_png_draws_exactly_the_scenes_legend_the_html_does() -> None:
     from matplotlib.colors import to_hex
     from matplotlib.lines import Line2D
 
-    from fleetledger.cli.timeline import png
+    from fleetledger.timeline import png
 
     def colour_of(handle: object) -> str:
         if isinstance(handle, Line2D):
@@ -704,8 +704,8 @@ def test_the_scene_and_the_html_painter_import_no_matplotlib() -> None:
     """The scene is pure and HTML needs nothing: neither may pull matplotlib in."""
     code = (
         "import sys\n"
-        "import fleetledger.cli.timeline.scene, fleetledger.cli.timeline.html\n"
-        "import fleetledger.cli.timeline_commands\n"
+        "import fleetledger.timeline.scene, fleetledger.timeline.html\n"
+        "import fleetledger.timeline_commands\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n"
     )
     found = subprocess.run(

@@ -49,32 +49,16 @@ lasted, and two cells between each two of the five."""
 def runs(db: DbOption = None, as_json: JsonOption = False) -> None:
     """List the runs in the ledger: how each ended (or that it is running), when it
     started and how long it lasted."""
-    from fleetledger.events.models import RunEnded, iso_at
+    from fleetledger.events.models import iso_at
+    from fleetledger.queries.runs import list_runs
 
     with open_log(db, mode="read") as log:
-        summaries = log.runs()
-        ends: dict[str, RunEnded] = {}
-        for s in summaries:
-            if s.ended:  # its last event, by seq: one primary-key read
-                last = next(iter(log.read(s.run_id, s.head_seq - 1, s.head_seq)), None)
-                if last is not None and isinstance(last.event, RunEnded):
-                    ends[s.run_id] = last.event
+        listings = list_runs(log)
     if as_json:
-        print_json(
-            [
-                {
-                    "run": s.run_id,
-                    "events": s.head_seq,
-                    "started": iso_at(s.started_at_us),
-                    "last_event": iso_at(s.last_at_us),
-                    "ended": s.ended,
-                    "outcome": ends[s.run_id].outcome if s.run_id in ends else None,
-                    "cause": ends[s.run_id].cause if s.run_id in ends else None,
-                }
-                for s in summaries
-            ]
-        )
+        print_json([listing.as_json() for listing in listings])
         return
+    summaries = [listing.summary for listing in listings]
+    ends = {listing.summary.run_id: listing.end for listing in listings if listing.end}
     if not summaries:
         say("no runs in this ledger")
         return
@@ -141,16 +125,10 @@ def render_membership(view: "FleetView") -> None:
             shard["since_rule"],
         )
     say(table)
-    layout = doc["layout"]
-    if layout is None:
+    if doc["layout"] is None:
         say(f"rank layout: none ({doc['layout_error']})")
     else:
-        from fleetledger.projections.rank_layout import layout_words, shard_ranks_of
-
-        trainers = layout["train_world_size"]
-        prefixes = {int(shard): prefix for shard, prefix in layout["shard_prefixes"].items()}
-        ranks = shard_ranks_of(prefixes, trainers, layout["workers_per_shard"])
-        say(f"rank layout: {layout_words(layout['world_size'], trainers, ranks)}")
+        say(f"rank layout: {doc['layout_words']}")
     if doc["exhausted"]:
         say(f"exhausted: {doc['exhausted']}")
     if doc["ended"]:

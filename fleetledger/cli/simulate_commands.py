@@ -4,8 +4,11 @@
 # command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
 import contextlib
+import dataclasses
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, TextIO
+from urllib.parse import quote
 
 import typer
 
@@ -16,7 +19,7 @@ from fleetledger.cli.replay_commands import replay
 from fleetledger.logs import configure_logging, structlog_ready
 
 if TYPE_CHECKING:
-    from fleetledger.simulate.spec import SimulationResult
+    from fleetledger.simulate.spec import SimulationResult, SimulationSpec
 
 
 @app.command()
@@ -124,6 +127,15 @@ def simulate(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
     ] = None,
+    serve: Annotated[
+        int | None,
+        typer.Option(
+            "--serve",
+            metavar="PORT",
+            help="Serve the live page and the HTTP API on 127.0.0.1:PORT while the run runs "
+            "(0: a free port); the run's page URL is printed first.",
+        ),
+    ] = None,
     log_json: Annotated[
         bool, typer.Option(help="Log every shard transition as a JSON line on stderr.")
     ] = False,
@@ -210,6 +222,8 @@ def simulate(
             _require_vllm()
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"--metrics-port {metrics_port}: a TCP port is 0..65535")
+        if serve is not None and not 0 <= serve <= 65535:
+            raise ValueError(f"--serve {serve}: a TCP port is 0..65535")
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
@@ -224,7 +238,11 @@ def simulate(
     # (which chaos does on purpose); stdout carries this command's answer, so everything
     # Ray prints goes to stderr while the cluster runs.
     progress = sys.stderr if as_json else sys.stdout
-    with open_log(db, mode="write") as log, contextlib.redirect_stdout(sys.stderr):
+    with (
+        open_log(db, mode="write") as log,
+        contextlib.redirect_stdout(sys.stderr),
+        _served_beside(serve, db, spec, progress) as spec,
+    ):
         try:
             result = run_simulation(log, spec, lambda line: say(line, file=progress))
         except ShardSpawnError as exc:
@@ -234,6 +252,33 @@ def simulate(
         except OSError as exc:  # e.g. the metrics port is taken
             raise CommandLineError(f"simulate: {exc}") from None
     _answer(result, db, as_json)
+
+
+@contextlib.contextmanager
+def _served_beside(
+    port: int | None, db: str | None, spec: "SimulationSpec", progress: TextIO
+) -> Iterator["SimulationSpec"]:
+    """With ``--serve``: the server up beside the run (its page's URL printed first), and
+    the spec with the run id that URL names; without it, the spec as it is."""
+    if port is None:
+        yield spec
+        return
+    try:
+        from fleetledger.web import start_server
+    except ImportError as exc:
+        raise CommandLineError(
+            f"--serve needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[serve]'"
+        ) from None
+    from fleetledger.simulate.loop import default_run_id
+
+    spec = dataclasses.replace(spec, run=spec.run or default_run_id())
+    server = start_server(db, port=port)
+    try:
+        say(f"live page: {server.url}runs/{quote(spec.run or '', safe='')}", file=progress)
+        progress.flush()
+        yield spec
+    finally:
+        server.stop()
 
 
 def _answer(result: "SimulationResult", db: str | None, as_json: bool) -> None:

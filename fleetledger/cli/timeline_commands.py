@@ -4,7 +4,7 @@
 state over time, the refits (aborted ones marked), the epoch changes, the decisions a
 colour cannot show, and how the run ended. The data is the run's history, as
 ``replay`` prints it (:mod:`fleetledger.projections.lanes`); what is drawn is one scene
-and the files are its painters (:mod:`fleetledger.cli.timeline`).
+and the files are its painters (:mod:`fleetledger.timeline`).
 
 The format comes from the file name, and is checked before the ledger is opened: a
 typo in ``-o`` should not cost a fold of a million events first; so is the directory,
@@ -25,7 +25,7 @@ from fleetledger.cli.output import check_output, ledger_files, print_json, say, 
 from fleetledger.cli.paused_gc import paused_gc
 
 if TYPE_CHECKING:
-    from fleetledger.cli.timeline import AxisMode
+    from fleetledger.timeline import AxisMode
 
 PictureFormat = Literal["png", "html"]
 FORMATS: dict[str, PictureFormat] = {".png": "png", ".html": "html", ".htm": "html"}
@@ -69,8 +69,8 @@ def timeline(
 ) -> None:
     """Draw a run: one lane per shard coloured by state, refits, epochs and the end."""
     # Imported when the command runs (cli.app): the painters are no other command's.
-    from fleetledger.cli.timeline import PAINTERS, PlotUnavailable, build_scene, plural
     from fleetledger.projections.lanes import lanes_of
+    from fleetledger.timeline import PAINTERS, PlotUnavailable, build_scene, plural
 
     kind = picture_format(output)
     mode = AXIS_MODES.get(axis)

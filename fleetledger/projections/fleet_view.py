@@ -163,7 +163,9 @@ class FleetView:
                 f"got {first.event.type!r}"
             )
         config = started.config
-        shards = [ShardRecord(i, url) for i, url in enumerate(config.base_urls)]
+        shards = [
+            ShardRecord(i, url, since_at_us=first.at_us) for i, url in enumerate(config.base_urls)
+        ]
         return cls(
             run=first.run,
             config=config,

@@ -8,8 +8,9 @@ Rules of this file:
 
 - A key is a field's name, and every field is a key. Values: ``None``, booleans,
   numbers and strings as they are (stamps, ``*_at_us``, stay microseconds since the
-  epoch); an enum as its value; a tuple or list as a list; a dict with its keys as
-  strings (JSON has no other keys); a nested dataclass by these same rules.
+  epoch); an enum as its value; a tuple or list as a list, a set as a sorted list; a
+  dict with its keys as strings (JSON has no other keys); a nested dataclass by these
+  same rules.
 - A key that is not a field is declared by its class, in ``JSON_DERIVED``: the names of
   properties (or class attributes) written before the fields — ``kind``, the ISO form
   of a stamp (``at``, ``started_at``), a duration in seconds. That tuple is the only
@@ -63,6 +64,8 @@ def json_value(value: Any) -> Any:
         return {name: json_value(getattr(value, name)) for name in _keys(kind)}
     if isinstance(value, tuple | list):
         return [json_value(v) for v in value]
+    if isinstance(value, frozenset | set):  # in order, so the same set is the same JSON
+        return [json_value(v) for v in sorted(value)]
     if isinstance(value, dict):
         return {_key(k): json_value(v) for k, v in value.items()}
     if isinstance(value, str | int | float):  # a subclass of a plain type

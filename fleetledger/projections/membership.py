@@ -11,7 +11,7 @@ from typing import Any
 
 from fleetledger.events.models import iso_at
 from fleetledger.projections.fleet_view import FleetView
-from fleetledger.projections.rank_layout import RankLayoutError
+from fleetledger.projections.rank_layout import RankLayoutError, layout_words, shard_ranks_of
 
 
 def membership_document(view: FleetView) -> dict[str, Any]:
@@ -20,6 +20,12 @@ def membership_document(view: FleetView) -> dict[str, Any]:
         layout_error = None
     except RankLayoutError as exc:
         layout, layout_error = None, str(exc)
+    words = None
+    if layout is not None:
+        trainers = layout["train_world_size"]
+        prefixes = {int(shard): prefix for shard, prefix in layout["shard_prefixes"].items()}
+        ranks = shard_ranks_of(prefixes, trainers, layout["workers_per_shard"])
+        words = layout_words(layout["world_size"], trainers, ranks)
     exhaustion = view.exhaustion()
     return {
         "run": view.run,
@@ -41,11 +47,13 @@ def membership_document(view: FleetView) -> dict[str, Any]:
                 "reported_failures": r.reported_failures,
                 "base_url": r.base_url,
                 "since_seq": r.since_seq,
+                "since_at": iso_at(r.since_at_us),
                 "since_rule": r.since_rule,
             }
             for r in view.shards
         },
         "layout": layout,
+        "layout_words": words,
         "layout_error": layout_error,
         "open_refit": None
         if view.open_refit is None

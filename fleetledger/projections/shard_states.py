@@ -84,6 +84,7 @@ class ShardRecord:
     reported_evidence: tuple[int, ...] = ()
     # The transition that put the shard in its current state.
     since_seq: int = 1
+    since_at_us: int = 0  # the run's start until a transition stamps it
     since_rule: str = "run started"
 
     @property
@@ -483,5 +484,6 @@ def step(r: ShardRecord, signal: Signal, t: Thresholds) -> Transition | None:
         r.state_before_partial = None  # only meaningful while STALE
     r.state = branch.target
     r.since_seq = signal.seq
+    r.since_at_us = signal.at_us
     r.since_rule = rule
     return transition

@@ -7,7 +7,8 @@ log is asked for snapshots of this version only, so an old run's snapshots are s
 and its view is refolded from seq 1, once, until a snapshot of this version is saved.)
 
 Versions: 1 — the first; 2 — ``absent_generation`` and ``last_absent`` (a version-1
-snapshot has neither, and its absent generation could not be recovered from it).
+snapshot has neither, and its absent generation could not be recovered from it); 3 — a
+shard's ``since_at_us``, the time of the transition that put it in its state.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from fleetledger.projections.fleet_view import (
 )
 from fleetledger.projections.shard_states import ShardRecord, ShardState
 
-PROJECTION_VERSION = 2
+PROJECTION_VERSION = 3
 
 # When a snapshot is due: after this many events, or this many probe results (a round
 # of 256 shards is one event and 256 results), whichever comes first. Counting events

@@ -18,13 +18,21 @@ class Follower:
     """Follows a live run: folds what other processes append, entry by entry.
 
     It starts at the run's head (the past is ``replay``'s business) and reads the tail
-    after the last seq it folded.
+    after the last seq it folded. With ``from_seq`` it starts there instead: the fold up
+    to it is silent, and the first poll returns the entries from ``from_seq`` on — how a
+    stream resumed from a seq catches up before it goes on live.
     """
 
-    def __init__(self, log: EventLog, run: str) -> None:
+    def __init__(self, log: EventLog, run: str, *, from_seq: int | None = None) -> None:
         self.log = log
         self.run = run
-        self.history = History(load_view(log, run))
+        self._pending: list[Entry] = []
+        if from_seq is None or from_seq > 1:
+            at = None if from_seq is None else from_seq - 1
+            self.history = History(load_view(log, run, at))
+        else:  # from the run's start: its first entry is the starting membership
+            first = next(iter(log.read(run, 0, 1)))
+            self.history, self._pending = History.start(first)
         self._tail = Tail(log, run, self.history.view)
         self.started_at_seq = self.history.view.seq
 
@@ -39,7 +47,7 @@ class Follower:
 
     def poll(self) -> list[Entry]:
         """Fold whatever was appended since the last poll; returns its entries."""
-        entries: list[Entry] = []
+        entries, self._pending = self._pending, []
         feed = self.history.feed
         for recorded in self._tail.new():
             entries += feed(recorded)

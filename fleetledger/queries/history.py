@@ -26,13 +26,15 @@ def read_history(
     to_seq: int | None = None,
     on_page: PageCallback | None = None,
     head: RunHead | None = None,
+    finish: bool = True,
 ) -> Iterator[Entry]:
     """The history entries of ``run`` at seqs ``from_seq..to_seq`` (default: the head).
 
     Events before ``from_seq`` are folded without producing entries. Where the events
     stop before the run's end, a refit still open there is entered as "open", exactly
     as ``projections.history.replay`` does for a truncated run. ``head``: the run's
-    head as the caller already read it.
+    head as the caller already read it. ``finish=False``: no such "open" entry — for a
+    page of a longer history, whose next page goes on where this one stops.
     """
     head = head or log.run_head(run)
     last = head.seq if to_seq is None else to_seq
@@ -58,5 +60,5 @@ def read_history(
         yield from history.feed_page(page)
         if on_page is not None:
             on_page(history.view.seq - after, total)
-    if history is not None and history.view.ended is None:
+    if finish and history is not None and history.view.ended is None:
         yield from history.finish()

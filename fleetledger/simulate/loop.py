@@ -250,9 +250,7 @@ class Simulation:
 
     def run(self, log: EventLog) -> SimulationResult:
         spec = self.spec
-        run = spec.run or (
-            f"sim-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        )
+        run = spec.run or default_run_id()
         hooks = LoopHooks(self.progress, self.counters.snapshot, self.halt)
         with local_ray():
             self.w = wire(spec, log, run, hooks, self.echo)
@@ -294,3 +292,8 @@ def run_simulation(
         f"run {result.run} {result.outcome} after {time.monotonic() - started:.1f}s: {result.cause}"
     )
     return result
+
+
+def default_run_id() -> str:
+    """``sim-<UTC time>-<random>``: the run id of a simulation not given one."""
+    return f"sim-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

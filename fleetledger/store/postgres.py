@@ -6,6 +6,10 @@ run's row before it reads the head (``SELECT … FOR UPDATE``) and holds it unti
 the seq it assigns is the head's successor when it commits, no two appenders assign the
 same one, and commit order is seq order — a reader tailing ``seq > n`` never sees n+2
 committed before n+1 and skips it. A PostgreSQL sequence would leave gaps on rollback.
+
+Each append also notifies ``APPENDED_CHANNEL`` (delivered at commit, so only for what
+committed): a follower in another process (``fleetledger serve``) is pushed the news
+instead of polling for it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from fleetledger.store.statements import Conn, InsertRow
+
+# The channel an append notifies on commit, with ``appended_payload`` as the payload.
+APPENDED_CHANNEL = "fleetledger_appended"
+
+
+def appended_payload(run: str, last_seq: int) -> str:
+    """``"<last seq> <run id>"``: the seq first, so a run id holding spaces reads back."""
+    return f"{last_seq} {run}"
+
+
+def read_appended_payload(payload: str) -> tuple[str, int] | None:
+    """(run, last seq) from a notification's payload; None for one this code did not send."""
+    seq, _, run = payload.partition(" ")
+    return (run, int(seq)) if seq.isdigit() and run else None
 
 
 def _one(conn: Conn, sql: str, params: tuple[Any, ...] = ()) -> Any:
@@ -62,6 +80,13 @@ class PostgresStatements:
                 "at_us, payload) VALUES (%s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
+            if rows:
+                # Sent when the append commits (never for one rolled back): followers that
+                # LISTEN read the tail at once instead of at their next poll.
+                run, last_seq = rows[-1][0], rows[-1][1]
+                cursor.execute(
+                    "SELECT pg_notify(%s, %s)", (APPENDED_CHANNEL, appended_payload(run, last_seq))
+                )
 
     def page(self, conn: Conn, run: str, lo: int, hi: int) -> list[Any]:
         return _all(

@@ -2,7 +2,7 @@
 
 The PNG and the HTML of one run must read alike, so colours, the decisions that get a
 marker, and the legend's wording live here once, and reach the painters only through
-the scene (:mod:`fleetledger.cli.timeline.scene`). A painter may add chrome of its own
+the scene (:mod:`fleetledger.timeline.scene`). A painter may add chrome of its own
 (grid lines, outlines, fonts) but never a colour that carries meaning.
 
 The legend lists every kind of mark whether or not a run has one, so a reader learns it

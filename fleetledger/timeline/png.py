@@ -1,6 +1,6 @@
 """The PNG painter: a timeline scene onto matplotlib's Agg canvas.
 
-It only places what :func:`~fleetledger.cli.timeline.scene.build_scene` decided — inches
+It only places what :func:`~fleetledger.timeline.scene.build_scene` decided — inches
 instead of axis rows, matplotlib styles for the scene's glyphs — and adds no mark, label
 or colour of its own meaning, so the PNG says what the HTML of the same run says.
 
@@ -15,15 +15,15 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from fleetledger.cli.timeline.scene import LABEL_ROWS, Mark, Scene
 from fleetledger.errors import FleetledgerError
+from fleetledger.timeline.scene import LABEL_ROWS, Mark, Scene
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from fleetledger.cli.timeline.palette import LegendItem
+    from fleetledger.timeline.palette import LegendItem
 
 PLOT_EXTRA_HINT = "pip install 'fleetledger[plot]'"
 DPI = 110

@@ -19,15 +19,12 @@ from collections.abc import Callable
 from html import escape
 from typing import BinaryIO
 
-from fleetledger.cli.timeline.captions import Table
-from fleetledger.cli.timeline.palette import LegendItem
-from fleetledger.cli.timeline.scene import LABEL_ROWS, Mark, Scene
+from fleetledger.timeline.captions import Table
+from fleetledger.timeline.palette import LegendItem
+from fleetledger.timeline.scene import LABEL_ROWS, Mark, Scene
 
-_CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-       color: #222; margin: 24px auto; max-width: 1240px; padding: 0 16px; }
-h1 { font-size: 20px; margin: 0 0 4px; }
-h2 { font-size: 15px; margin: 28px 0 8px; }
+# The picture's own styles (also the live page's: :func:`fragment`), then the file's.
+TIMELINE_CSS = """
 .sub { color: #555; margin: 0 0 4px; font-size: 13px; }
 .end { font-weight: 700; margin: 0 0 14px; }
 svg.plot { width: 100%; height: auto; display: block; }
@@ -41,12 +38,23 @@ svg text { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif
 rect:hover, polygon:hover, path:hover { opacity: 0.8; }
 .legend { display: flex; flex-wrap: wrap; gap: 6px 18px; margin: 10px 0 0; font-size: 12px; }
 .legend svg { width: 18px; height: 16px; margin-right: 5px; vertical-align: -3px; }
+"""
+_CSS = (
+    """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: #222; margin: 24px auto; max-width: 1240px; padding: 0 16px; }
+h1 { font-size: 20px; margin: 0 0 4px; }
+h2 { font-size: 15px; margin: 28px 0 8px; }
+"""
+    + TIMELINE_CSS
+    + """
 table { border-collapse: collapse; font-size: 12.5px; width: 100%; }
 th, td { text-align: left; padding: 3px 10px 3px 0; border-bottom: 1px solid #eee;
          vertical-align: top; }
 th { color: #555; font-weight: 600; }
 code { font-size: 12px; }
 """
+)
 
 _W = 1200.0
 _LEFT = 92.0
@@ -166,7 +174,6 @@ def write_html(scene: Scene, stream: BinaryIO) -> None:
 
 
 def page(scene: Scene) -> str:
-    legend = "".join(_legend_item(item) for item in scene.legend)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -174,14 +181,27 @@ def page(scene: Scene) -> str:
         f"<title>{_e(scene.title)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{_e(scene.title)}</h1>",
-        f'<p class="sub">{_e(scene.subtitle)}</p>',
-        f'<p class="end" style="color:{_e(scene.end_colour)}">{_e(scene.end_text)}</p>',
-        _Plot(scene).svg(),
-        f'<div class="legend">{legend}</div>',
+        fragment(scene),
         *(html for table in scene.tables for html in _table(table)),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
+
+
+def fragment(scene: Scene) -> str:
+    """The picture alone — subtitle, end, plot, legend — as markup to set inside a page
+    (the live page's timeline): the same elements, classes and escaping as the file, so
+    the page and ``timeline -o x.html`` cannot draw one run two ways. Its styles are
+    :data:`TIMELINE_CSS`."""
+    legend = "".join(_legend_item(item) for item in scene.legend)
+    return "\n".join(
+        [
+            f'<p class="sub">{_e(scene.subtitle)}</p>',
+            f'<p class="end" style="color:{_e(scene.end_colour)}">{_e(scene.end_text)}</p>',
+            _Plot(scene).svg(),
+            f'<div class="legend">{legend}</div>',
+        ]
+    )
 
 
 def _table(table: Table) -> list[str]:

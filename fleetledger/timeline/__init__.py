@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from fleetledger.cli.timeline.captions import plural
-from fleetledger.cli.timeline.html import write_html
-from fleetledger.cli.timeline.png import PlotUnavailable, require_matplotlib, write_png
-from fleetledger.cli.timeline.scene import AxisMode, Scene, build_scene
+from fleetledger.timeline.captions import plural
+from fleetledger.timeline.html import write_html
+from fleetledger.timeline.png import PlotUnavailable, require_matplotlib, write_png
+from fleetledger.timeline.scene import AxisMode, Scene, build_scene
 
 
 def _nothing_needed() -> None:

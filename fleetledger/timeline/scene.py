@@ -5,8 +5,8 @@ legends drifted apart. Every choice a reader could compare between the two files
 therefore made while the scene is built — where each mark sits along x, which labels are
 shown and on which row, which decisions get a marker, the tooltips, the one legend, the
 tables — and a painter only maps the scene to its own units (inches, pixels) and
-primitives. Colours and wording come from :mod:`~fleetledger.cli.timeline.palette` and
-:mod:`~fleetledger.cli.timeline.captions`, and reach the painters only through here.
+primitives. Colours and wording come from :mod:`~fleetledger.timeline.palette` and
+:mod:`~fleetledger.timeline.captions`, and reach the painters only through here.
 
 Rules of this module:
 
@@ -23,9 +23,12 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from fleetledger.cli.timeline import captions
-from fleetledger.cli.timeline.captions import Table
-from fleetledger.cli.timeline.palette import (
+from fleetledger.projections.history import DecisionEntry, StallEntry
+from fleetledger.projections.lanes import Interval, Lanes
+from fleetledger.projections.shard_states import ShardState
+from fleetledger.timeline import captions
+from fleetledger.timeline.captions import Table
+from fleetledger.timeline.palette import (
     ABORTED_MARK,
     EPOCH_COLOUR,
     MARKED_DECISIONS,
@@ -37,9 +40,6 @@ from fleetledger.cli.timeline.palette import (
     legend,
     stall_colour,
 )
-from fleetledger.projections.history import DecisionEntry, StallEntry
-from fleetledger.projections.lanes import Interval, Lanes
-from fleetledger.projections.shard_states import ShardState
 
 AxisMode = Literal["time", "seq"]
 

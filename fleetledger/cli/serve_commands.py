@@ -1,0 +1,83 @@
+"""``fleetledger serve``: the ledger over HTTP, read-only — the live page and the JSON API.
+
+A read command: it never writes the ledger and never loads the controller. It keeps
+serving whatever happens to the ledger (created later, migrated, a lost server): each
+request that cannot be answered gets its one-line error, and the next one tries again.
+"""
+
+# No `from __future__ import annotations` in a command module: typer reads every
+# command's annotations at start-up, and a string annotation costs it a compile (cli.app).
+
+import signal
+import sys
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from fleetledger.cli.app import DbOption, app, cli_errors
+from fleetledger.cli.output import CommandLineError, say
+
+DEFAULT_PORT = 8321  # held to the web part's own by a test (cli.app: no import here)
+
+
+@app.command()
+@cli_errors
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (loopback unless you mean otherwise).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Port to listen on; 0 picks a free one.")
+    ] = DEFAULT_PORT,
+    poll_s: Annotated[
+        float | None,
+        typer.Option(
+            "--poll-s",
+            metavar="S",
+            help="Seconds between looks at a followed run's tail [default: 0.05 on SQLite; "
+            "on PostgreSQL appends are pushed, and 1.0 is the fallback].",
+            show_default=False,
+        ),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Serve the ledger read-only over HTTP: the live page at /, the JSON API at /api/v1/.
+
+    Prints the URL on stdout once listening; runs until Ctrl-C or SIGTERM.
+    """
+    if poll_s is not None and not poll_s > 0:
+        raise CommandLineError(f"--poll-s {poll_s}: give a positive number of seconds")
+    if not 0 <= port <= 65535:
+        raise CommandLineError(f"--port {port}: give a port number from 0 to 65535")
+    try:
+        from fleetledger.web import ServedLedger, serve_forever
+    except ImportError as exc:
+        raise CommandLineError(
+            f"serve needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[serve]'"
+        ) from None
+
+    def listening(url: str, served: "ServedLedger") -> None:
+        say(url)
+        sys.stdout.flush()
+        problem = served.first_look()
+        say(
+            f"fleetledger: serving {served.source.display_url} read-only: the page at {url}, "
+            f"the API at {url}api/v1/; Ctrl-C to stop",
+            err=True,
+        )
+        if problem is not None:
+            say(
+                f"fleetledger: warning: {problem}; serving anyway: requests answer 503 until "
+                "the ledger can be read",
+                err=True,
+            )
+
+    def _stop(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        serve_forever(db, host, port, poll_interval_s=poll_s, on_listening=listening)
+    except KeyboardInterrupt:
+        raise typer.Exit(code=0) from None

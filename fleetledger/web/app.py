@@ -1,0 +1,85 @@
+"""The aiohttp application: the route table, and the one place errors become answers.
+
+Routes (all ``GET``; the server has no other verb — it never writes):
+
+=====================================================  ==================================
+``/api/v1/runs``                                         the runs (``runs --json``)
+``/api/v1/runs/{run}/membership[?at=SEQ|TIME]``          ``membership --json``
+``/api/v1/runs/{run}/history[?from=SEQ&limit=N&shard=N]``  the replay, a page at a time
+``/api/v1/runs/{run}/explain[?at=]``                     ``explain RUN --json``
+``/api/v1/runs/{run}/shards/{shard}/explain[?at=]``      ``explain RUN SHARD --json``
+``/api/v1/runs/{run}/timeline[?axis=&format=html]``      the timeline's scene
+``/api/v1/runs/{run}/stream``                            new entries, server-sent events
+``/metrics``                                             Prometheus
+``/``, ``/runs/{run}``, ``/static/…``                    the page
+=====================================================  ==================================
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from fleetledger.logs import get_logger
+from fleetledger.web import api, page, stream
+from fleetledger.web.problems import problem_body, problem_of
+from fleetledger.web.server import SERVED, ServedLedger
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_log = get_logger("fleetledger.web")
+
+ROUTES: tuple[tuple[str, str, Callable[..., Awaitable[web.StreamResponse]]], ...] = (
+    ("/api/v1/runs", "runs", api.runs),
+    ("/api/v1/runs/{run}/membership", "membership", api.membership),
+    ("/api/v1/runs/{run}/history", "history", api.history),
+    ("/api/v1/runs/{run}/explain", "explain", api.explain_run),
+    ("/api/v1/runs/{run}/shards/{shard}/explain", "explain_shard", api.explain_shard),
+    ("/api/v1/runs/{run}/timeline", "timeline", api.timeline),
+    ("/api/v1/runs/{run}/stream", "stream", stream.stream),
+    ("/metrics", "metrics", api.metrics),
+    ("/", "page", page.index),
+    ("/runs/{run}", "run_page", page.index),
+    ("/static/{name}", "static", page.static),
+)
+
+
+def json_problem(status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(problem_body(status, message)),
+        content_type="application/json",
+    )
+
+
+@web.middleware
+async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal and failure as ``{"error", "status"}`` with its status, counted."""
+    served = request.app[SERVED]
+    route = request.match_info.route.name or "unknown"
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = f"no such path: {request.path}" if exc.status == 404 else exc.reason
+        if exc.status == 405:
+            reason = f"{request.method} {request.path}: the server only reads; use GET"
+        response = json_problem(exc.status, reason)
+    except Exception as exc:
+        status, message = problem_of(exc)
+        if status == 500:
+            _log.error("request failed", path=request.path, error=message)
+        response = json_problem(status, message)
+    served.metrics.requests.labels(route, str(response.status)).inc()
+    return response
+
+
+def make_app(served: ServedLedger) -> web.Application:
+    app = web.Application(middlewares=[answer_errors])
+    app[SERVED] = served
+    for path, name, handler in ROUTES:
+        app.router.add_get(path, handler, name=name, allow_head=False)
+    return app

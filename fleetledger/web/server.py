@@ -1,0 +1,297 @@
+"""The server's lifetime: the ledger it reads, its runs' feeds, the pump that keeps the
+followed feeds caught up, and the aiohttp application that answers.
+
+The pump wakes every ``poll_interval_s`` — or at once, on PostgreSQL, when an append
+commits (``LISTEN``; the poll stays as the fallback, slower) — and catches up every feed
+that has a client streaming it. A feed nobody streams is caught up by the request that
+asks for it. Reads block, so they run on a small pool of worker threads; the event loop
+only moves what they return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from fleetledger.errors import FleetledgerError
+from fleetledger.logs import get_logger
+from fleetledger.store.log import EventLog
+from fleetledger.web.feeds import RunFeed
+from fleetledger.web.ledger_source import LedgerSource
+from fleetledger.web.metrics import ServeMetrics
+
+DEFAULT_PORT = 8321
+DEFAULT_HOST = "127.0.0.1"
+SQLITE_POLL_S = 0.05  # SQLite has no push: a look at the tail costs one short read
+LISTENING_POLL_S = 1.0  # PostgreSQL pushes appends; the poll only covers a lost connection
+READ_THREADS = 4
+
+T = TypeVar("T")
+
+
+class ServeError(FleetledgerError):
+    """The server cannot start: the address is taken or cannot be bound."""
+
+
+_log = get_logger("fleetledger.web")
+
+
+class ServedLedger:
+    """Everything one server holds: the ledger source, the feeds, the metrics."""
+
+    def __init__(self, db_url: str | None, *, poll_interval_s: float | None = None) -> None:
+        if poll_interval_s is not None and not poll_interval_s > 0:
+            raise ValueError(f"the poll interval must be positive, got {poll_interval_s}")
+        self.source = LedgerSource(db_url)
+        self._poll_asked = poll_interval_s
+        self.executor = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fleetledger-read")
+        self.feeds: dict[str, RunFeed] = {}
+        self.metrics = ServeMetrics()
+        self.listening = False
+        self.closing = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._listener: Any = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._last_problem = ""
+
+    @property
+    def poll_interval_s(self) -> float:
+        if self._poll_asked is not None:
+            return self._poll_asked
+        return LISTENING_POLL_S if self.listening else SQLITE_POLL_S
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a read thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def _head_seq(self, run: str) -> int:
+        with self.source.reading() as log:
+            return log.run_head(run).seq  # an unknown run: UnknownRun, naming the runs
+
+    async def feed(self, run: str) -> RunFeed:
+        """The run's feed, caught up with everything committed before the call."""
+        feed = self.feeds.get(run)
+        if feed is None:
+            head = await self.read(self._head_seq, run)
+            feed = self.feeds.setdefault(run, RunFeed(self.source, run, head))
+        await feed.catch_up(self.executor)
+        return feed
+
+    def first_look(self) -> str | None:
+        """Open the ledger now: None if it can be read, else why not (one line)."""
+        try:
+            with self.source.reading() as log:
+                log.runs()
+        except FleetledgerError as exc:
+            return str(exc)
+        return None
+
+    def with_log(self, fn: Callable[[EventLog], T]) -> Callable[[], T]:
+        """``fn`` given the open log, for :meth:`read`."""
+
+        def call() -> T:
+            with self.source.reading() as log:
+                return fn(log)
+
+        return call
+
+    # ── the pump ────────────────────────────────────────────────────────────────
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.closing = asyncio.Event()
+        self._wake = asyncio.Event()
+        if self.source.backend == "postgresql":
+            await self.read(self._start_listening, loop)
+        self._pump_task = asyncio.create_task(self._pump(), name="fleetledger-pump")
+
+    def _start_listening(self, loop: asyncio.AbstractEventLoop) -> None:
+        from fleetledger.store.postgres_listen import AppendListener
+
+        def on_append(run: str, seq: int) -> None:
+            loop.call_soon_threadsafe(self._wake.set)
+
+        def on_state(state: str) -> None:
+            loop.call_soon_threadsafe(self._listening_is, state)
+
+        try:
+            with self.source.reading() as log:
+                self._listener = AppendListener(log.database, on_append, on_state)
+        except Exception as exc:  # no ledger yet: poll; a later open does not listen
+            self._say_problem(f"not listening for appends ({exc}); polling")
+            return
+        self._listener.start()
+
+    def _listening_is(self, state: str) -> None:
+        self.listening = state == "listening"
+        self.metrics.listening.set(1 if self.listening else 0)
+        if not self.listening:
+            self._say_problem(state)
+        self._wake.set()  # catch up at once: appends may have gone unannounced
+
+    def _say_problem(self, text: str) -> None:
+        """One warning per distinct problem, not one per poll."""
+        if text != self._last_problem:
+            self._last_problem = text
+            _log.warning("serve", problem=text, ledger=self.source.display_url)
+
+    async def _pump(self) -> None:
+        while not self.closing.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            for feed in list(self.feeds.values()):
+                if feed.subscribers and not feed.ended:
+                    try:
+                        await feed.catch_up(self.executor)
+                    except Exception as exc:  # the ledger is away: say so once, go on
+                        self._say_problem(f"run {feed.run!r}: {exc}")
+
+    async def stop(self) -> None:
+        self.closing.set()
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            try:
+                await self._pump_task
+            except asyncio.CancelledError:
+                pass
+        if self._listener is not None:
+            await self.read(self._listener.stop)
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.source.close()
+
+
+SERVED = web.AppKey("served", ServedLedger)  # the application's one piece of state
+
+
+# ── running it ─────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class RunningServer:
+    """A server started in this process (``start_server``): its URL, and how to stop it."""
+
+    url: str
+    port: int
+    served: ServedLedger
+    _loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+    _stop: asyncio.Event
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), refused in one line."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    db_url: str | None, host: str, port: int, poll_interval_s: float | None
+) -> AsyncIterator[tuple[str, int, ServedLedger]]:
+    """The server up from enter to exit: (url, port, served)."""
+    from fleetledger.web.app import make_app
+
+    sock = _bound_socket(host, port)
+    served = ServedLedger(db_url, poll_interval_s=poll_interval_s)
+    await served.start()
+    runner = web.AppRunner(make_app(served), shutdown_timeout=1.0, access_log=None)
+    try:
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        bound_port = sock.getsockname()[1]
+        yield url_of(host, bound_port), bound_port, served
+    finally:
+        served.closing.set()  # streams end before the runner waits for their handlers
+        await runner.cleanup()
+        await served.stop()
+        sock.close()
+
+
+def url_of(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+def start_server(
+    db_url: str | None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    poll_interval_s: float | None = None,
+) -> RunningServer:
+    """Serve the ledger from a thread of this process (``simulate --serve``, tests);
+    returns once it listens (port 0: a free port, read back into ``url``)."""
+    ready: dict[str, Any] = {}
+    started = threading.Event()
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        try:
+            async with _serving(db_url, host, port, poll_interval_s) as (url, bound, served):
+                ready.update(url=url, port=bound, served=served, stop=stop)
+                started.set()
+                await stop.wait()
+        except BaseException as exc:
+            if not started.is_set():
+                ready["error"] = exc
+                started.set()
+                return
+            raise
+
+    loop = asyncio.new_event_loop()
+
+    def main() -> None:
+        try:
+            loop.run_until_complete(serve())
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=main, name="fleetledger-serve", daemon=True)
+    thread.start()
+    started.wait()
+    if "error" in ready:
+        thread.join()
+        raise ready["error"]
+    return RunningServer(ready["url"], ready["port"], ready["served"], loop, thread, ready["stop"])
+
+
+def serve_forever(
+    db_url: str | None,
+    host: str,
+    port: int,
+    *,
+    poll_interval_s: float | None = None,
+    on_listening: Callable[[str, ServedLedger], None] | None = None,
+) -> None:
+    """Serve until interrupted (``fleetledger serve``); ``on_listening(url, served)`` once
+    the socket is bound."""
+
+    async def serve() -> None:
+        async with _serving(db_url, host, port, poll_interval_s) as (url, _, served):
+            if on_listening is not None:
+                on_listening(url, served)
+            await asyncio.Event().wait()
+
+    asyncio.run(serve())

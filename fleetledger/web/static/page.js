@@ -1,0 +1,353 @@
+// fleetledger's live page: the runs of a ledger, and one run as it happens.
+//
+// Everything shown comes from /api/v1/ (docs/http.md) and the run's stream; every text
+// from the ledger goes in with textContent (data is never markup). The one block of
+// markup set as such is the timeline, drawn and escaped by the server's painter.
+"use strict";
+
+const API = "/api/v1";
+const KEPT_ENTRIES = 200; // rows of "latest" kept on the page
+const TIMELINE_EVERY_MS = 2000; // at most one timeline redraw this often while live
+const RUNS_EVERY_MS = 5000;
+
+// ── small helpers ──────────────────────────────────────────────────────────────
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) {
+    node.append(child instanceof Node ? child : document.createTextNode(String(child ?? "")));
+  }
+  return node;
+}
+
+async function getJSON(url) {
+  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) {
+    throw new Error(body && body.error ? body.error : `${response.status} ${response.statusText}`);
+  }
+  return body;
+}
+
+async function getText(url) {
+  const response = await fetch(url);
+  if (!response.ok) {
+    const body = await response.json().catch(() => null);
+    throw new Error(body && body.error ? body.error : `${response.status} ${response.statusText}`);
+  }
+  return response.text();
+}
+
+function runPath(run, tail) {
+  return `${API}/runs/${encodeURIComponent(run)}/${tail}`;
+}
+
+function clock(iso) {
+  // 2026-12-02T19:08:31.054677Z → 19:08:31.054 (the date is in the run's header)
+  return iso ? iso.slice(11, 23) : "";
+}
+
+function setLive(state, words) {
+  const live = document.getElementById("live");
+  live.className = `live ${state}`;
+  live.textContent = words;
+}
+
+function problem(where, error) {
+  return el("p", { class: "problem" }, `${where}: ${error.message}`);
+}
+
+let leaving = () => {}; // what the current view must stop when another replaces it
+
+// ── the runs ───────────────────────────────────────────────────────────────────
+
+async function showRuns() {
+  const main = document.getElementById("main");
+  document.title = "fleetledger — runs";
+  const holder = el("div", {}, el("p", { class: "muted" }, "loading…"));
+  main.replaceChildren(el("h1", {}, "Runs"), holder);
+  setLive("", "");
+  const draw = async () => {
+    try {
+      holder.replaceChildren(runsTable(await getJSON(`${API}/runs`)));
+    } catch (error) {
+      holder.replaceChildren(problem("runs", error));
+    }
+  };
+  await draw();
+  const timer = setInterval(draw, RUNS_EVERY_MS);
+  leaving = () => clearInterval(timer);
+}
+
+function runsTable(runs) {
+  if (!runs.length) return el("p", { class: "muted" }, "no runs in this ledger");
+  const rows = runs
+    .slice()
+    .reverse() // newest first
+    .map((r) =>
+      el(
+        "tr",
+        {},
+        el("td", { class: "code" }, el("a", { href: `/runs/${encodeURIComponent(r.run)}` }, r.run)),
+        el("td", { class: "num" }, r.events),
+        el("td", { class: "num" }, r.started.slice(0, 19).replace("T", " ")),
+        el("td", { class: "num" }, r.last_event.slice(0, 19).replace("T", " ")),
+        el("td", {}, r.ended ? (r.cause ? `${r.outcome}: ${r.cause}` : r.outcome) : "running"),
+      ),
+    );
+  return el(
+    "table",
+    { class: "runs" },
+    el("thead", {}, el("tr", {}, ...["run", "events", "started (UTC)", "last event", "outcome"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...rows),
+  );
+}
+
+// ── one run ────────────────────────────────────────────────────────────────────
+
+class RunPage {
+  constructor(run) {
+    this.run = run;
+    this.source = null;
+    this.selected = null; // the shard whose explanation is open
+    this.membershipTimer = null;
+    this.timelineBusy = false;
+    this.timelineDue = false;
+    this.timelineAt = 0;
+    this.ended = false;
+    this.parts = {
+      status: el("div", { class: "status" }),
+      outcome: el("div", {}),
+      shards: el("div", {}),
+      layout: el("div", { class: "layout" }),
+      explain: el("div", { id: "explain" }),
+      timeline: el("div", { id: "timeline" }, el("p", { class: "muted" }, "drawing…")),
+      entries: el("tbody", {}),
+      entriesProblem: el("div", {}),
+    };
+  }
+
+  async open() {
+    const p = this.parts;
+    document.title = `fleetledger — ${this.run}`;
+    document.getElementById("main").replaceChildren(
+      el("h1", {}, this.run),
+      p.status,
+      p.outcome,
+      el("div", {}, el("button", { type: "button", id: "explain-run", onclick: () => this.explain(null) }, "why is the run where it is?")),
+      el("h2", {}, "Shards"),
+      p.shards,
+      p.layout,
+      p.explain,
+      el("h2", {}, "Timeline"),
+      p.timeline,
+      el("h2", {}, "Latest"),
+      p.entriesProblem,
+      el(
+        "table",
+        { class: "entries" },
+        el("thead", {}, el("tr", {}, ...["time (UTC)", "seq", "shard", "what", "why"].map((h) => el("th", {}, h)))),
+        p.entries,
+      ),
+    );
+    leaving = () => this.close();
+    const after = await Promise.all([this.loadMembership(), this.loadLatest()]).then((r) => r[1]);
+    this.drawTimeline();
+    if (after !== null) this.follow(after);
+  }
+
+  close() {
+    if (this.source) this.source.close();
+    clearTimeout(this.membershipTimer);
+  }
+
+  // The stream: new entries as they are appended; "head" whenever the run moves.
+  follow(after) {
+    const url = `${runPath(this.run, "stream")}?after=${encodeURIComponent(after)}`;
+    const source = (this.source = new EventSource(url));
+    setLive("off", "connecting…");
+    source.onopen = () => setLive("on", "live");
+    source.addEventListener("entry", (event) => this.addEntries([JSON.parse(event.data)], true));
+    source.addEventListener("head", () => {
+      this.soon();
+      this.drawTimeline();
+    });
+    source.addEventListener("ended", () => {
+      source.close();
+      this.ended = true;
+      setLive("ended", "run ended");
+      this.loadMembership();
+      this.drawTimeline(true);
+    });
+    source.addEventListener("error", (event) => {
+      if (event.data) {
+        // the server's own words: the ledger failed mid-stream; the browser reconnects
+        this.parts.entriesProblem.replaceChildren(problem("stream", new Error(JSON.parse(event.data).error)));
+      }
+      if (!this.ended) setLive("off", "reconnecting…");
+    });
+  }
+
+  soon() {
+    clearTimeout(this.membershipTimer);
+    this.membershipTimer = setTimeout(() => this.loadMembership(), 150);
+  }
+
+  async loadMembership() {
+    try {
+      this.drawMembership(await getJSON(runPath(this.run, "membership")));
+    } catch (error) {
+      this.parts.shards.replaceChildren(problem("membership", error));
+    }
+  }
+
+  async loadLatest() {
+    try {
+      const page = await getJSON(`${runPath(this.run, "history")}?limit=${KEPT_ENTRIES}`);
+      this.addEntries(page.entries, false);
+      this.ended = page.ended;
+      if (page.ended) setLive("ended", "run ended");
+      return page.stream_after;
+    } catch (error) {
+      this.parts.entriesProblem.replaceChildren(problem("history", error));
+      return null;
+    }
+  }
+
+  drawMembership(doc) {
+    const p = this.parts;
+    p.status.replaceChildren(
+      `seq ${doc.seq} · ${doc.at.slice(0, 19).replace("T", " ")} UTC · epoch ${doc.epoch} · ` +
+        `weights v${doc.weight_version} · serving [${doc.serving}] · absent [${doc.absent}]` +
+        (doc.suspected.length ? ` · suspected [${doc.suspected}]` : "") +
+        (doc.open_refit ? ` · refit to v${doc.open_refit.weight_version} in progress` : ""),
+    );
+    const lines = [];
+    if (doc.ended) {
+      const bad = doc.ended.outcome !== "completed";
+      lines.push(el("p", { class: bad ? "outcome bad" : "outcome" }, `ended: ${doc.ended.outcome} at seq ${doc.ended.seq}: ${doc.ended.cause}`));
+    }
+    if (doc.exhausted) lines.push(el("p", { class: "outcome bad" }, `exhausted: ${doc.exhausted}`));
+    p.outcome.replaceChildren(...lines);
+    const rows = Object.entries(doc.shards).map(([index, s]) => {
+      const row = el(
+        "tr",
+        { class: `state-${s.state}`, "data-shard": index, "data-state": s.state, onclick: () => this.explain(Number(index)) },
+        el("td", { class: "num" }, index),
+        el("td", {}, el("span", { class: "chip" }, s.state)),
+        el("td", { class: "num" }, `${clock(s.since_at)} (seq ${s.since_seq})`),
+        el("td", {}, s.since_rule),
+        el("td", { class: "num" }, `v${s.weight_version}`),
+        el("td", { class: "url" }, s.base_url),
+        el("td", { class: "num" }, s.restart_attempts),
+      );
+      if (Number(index) === this.selected) row.classList.add("selected");
+      return row;
+    });
+    p.shards.replaceChildren(
+      el(
+        "table",
+        { class: "shards" },
+        el("thead", {}, el("tr", {}, ...["shard", "state", "since", "why", "weights", "base URL", "restarts"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...rows),
+      ),
+    );
+    p.layout.replaceChildren(layoutWords(doc));
+    if (this.selected !== null && this.explained !== doc.seq) this.explain(this.selected, true);
+  }
+
+  // A shard's explanation (or the run's, for null), under the table; a second click closes it.
+  async explain(shard, refresh) {
+    const p = this.parts;
+    if (!refresh && shard === this.selected && p.explain.childElementCount) {
+      this.selected = null;
+      p.explain.replaceChildren();
+      this.markSelected();
+      return;
+    }
+    this.selected = shard;
+    this.markSelected();
+    const url = shard === null ? runPath(this.run, "explain") : runPath(this.run, `shards/${shard}/explain`);
+    try {
+      const answer = await getJSON(url);
+      this.explained = answer.seq;
+      const title = shard === null ? "Why the run is where it is" : `Why shard ${shard} is ${answer.state}`;
+      p.explain.replaceChildren(
+        el("div", { class: "explain-head" }, el("h2", {}, title), el("span", { class: "muted" }, `as of seq ${answer.seq}`)),
+        el("pre", { class: "explanation", "data-shard": shard === null ? "run" : String(shard) }, answer.text),
+      );
+    } catch (error) {
+      p.explain.replaceChildren(problem("explain", error));
+    }
+  }
+
+  markSelected() {
+    for (const row of this.parts.shards.querySelectorAll("tbody tr")) {
+      row.classList.toggle("selected", Number(row.dataset.shard) === this.selected);
+    }
+  }
+
+  addEntries(entries, fresh) {
+    const body = this.parts.entries;
+    for (const entry of entries) {
+      const words = entry.words || { shards: "", what: entry.kind, detail: "", tone: "" };
+      const tone = words.tone ? `tone-${words.tone.replace(/\s+/g, "-")}` : "";
+      const row = el(
+        "tr",
+        { class: `${tone}${fresh ? " fresh" : ""}`, "data-id": entry.id, "data-kind": entry.kind },
+        el("td", { class: "num" }, clock(entry.at)),
+        el("td", { class: "num" }, entry.seq),
+        el("td", { class: "num" }, words.shards),
+        el("td", { class: "what" }, words.what),
+        el("td", {}, words.detail),
+      );
+      body.prepend(row);
+    }
+    while (body.childElementCount > KEPT_ENTRIES) body.lastElementChild.remove();
+  }
+
+  // The timeline: redrawn by the server's painter, at most every TIMELINE_EVERY_MS.
+  async drawTimeline(force) {
+    if (this.timelineBusy || (!force && Date.now() - this.timelineAt < TIMELINE_EVERY_MS)) {
+      this.timelineDue = true;
+      if (!this.timelineBusy) setTimeout(() => this.timelineDue && this.drawTimeline(), TIMELINE_EVERY_MS);
+      return;
+    }
+    this.timelineBusy = true;
+    this.timelineDue = false;
+    try {
+      const markup = await getText(`${runPath(this.run, "timeline")}?format=html`);
+      this.parts.timeline.innerHTML = markup; // the painter's markup: every text escaped there
+    } catch (error) {
+      this.parts.timeline.replaceChildren(problem("timeline", error));
+    } finally {
+      this.timelineBusy = false;
+      this.timelineAt = Date.now();
+    }
+  }
+}
+
+// The rank layout in the one notation every output uses (the server's words).
+function layoutWords(doc) {
+  return doc.layout ? `rank layout: ${doc.layout_words}` : `rank layout: none (${doc.layout_error})`;
+}
+
+// ── routing ────────────────────────────────────────────────────────────────────
+
+function route() {
+  leaving();
+  leaving = () => {};
+  const match = location.pathname.match(/^\/runs\/(.+)$/);
+  if (match) new RunPage(decodeURIComponent(match[1])).open();
+  else showRuns();
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("ledger").textContent = document.body.dataset.ledger || "";
+  route();
+});
