@@ -156,14 +156,27 @@ class RunPage {
       ),
     );
     leaving = () => this.close();
-    const after = await Promise.all([this.loadMembership(), this.loadLatest()]).then((r) => r[1]);
+    await this.start();
+  }
+
+  // The first answers, then the stream. A run that has not started yet (the page of a
+  // run being launched) or a ledger that cannot be read now: say so, ask again shortly.
+  async start() {
+    const [known, after] = await Promise.all([this.loadMembership(), this.loadLatest()]);
+    if (!known || after === null) {
+      setLive("off", "waiting for the run…");
+      this.retryTimer = setTimeout(() => this.start(), 1000);
+      return;
+    }
+    this.parts.entriesProblem.replaceChildren();
     this.drawTimeline();
-    if (after !== null) this.follow(after);
+    this.follow(after);
   }
 
   close() {
     if (this.source) this.source.close();
     clearTimeout(this.membershipTimer);
+    clearTimeout(this.retryTimer);
   }
 
   // The stream: new entries as they are appended; "head" whenever the run moves.
@@ -201,8 +214,10 @@ class RunPage {
   async loadMembership() {
     try {
       this.drawMembership(await getJSON(runPath(this.run, "membership")));
+      return true;
     } catch (error) {
       this.parts.shards.replaceChildren(problem("membership", error));
+      return false;
     }
   }
 
