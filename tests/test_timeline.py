@@ -705,7 +705,7 @@ def test_the_scene_and_the_html_painter_import_no_matplotlib() -> None:
     code = (
         "import sys\n"
         "import fleetledger.timeline.scene, fleetledger.timeline.html\n"
-        "import fleetledger.timeline_commands\n"
+        "import fleetledger.cli.timeline_commands\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))\n"
     )
     found = subprocess.run(

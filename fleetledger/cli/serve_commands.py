@@ -35,8 +35,9 @@ def serve(
         typer.Option(
             "--poll-s",
             metavar="S",
-            help="Seconds between looks at a followed run's tail [default: 0.05 on SQLite; "
-            "on PostgreSQL appends are pushed, and 1.0 is the fallback].",
+            help="Seconds between reads of a followed run's tail whatever the news [default: "
+            "1.0]; news comes sooner: PostgreSQL pushes appends, and a SQLite ledger's file "
+            "stamp is looked at every 5 ms.",
             show_default=False,
         ),
     ] = None,

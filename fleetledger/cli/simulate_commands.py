@@ -269,6 +269,7 @@ def _served_beside(
         raise CommandLineError(
             f"--serve needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[serve]'"
         ) from None
+    structlog_ready()  # simulate logs through structlog itself (done already: the rule)
     from fleetledger.simulate.loop import default_run_id
 
     spec = dataclasses.replace(spec, run=spec.run or default_run_id())

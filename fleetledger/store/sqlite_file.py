@@ -230,3 +230,23 @@ class SqliteReads:
             idle, self._idle, self._closed = self._idle, [], True
         for conn in idle:
             conn.close()
+
+
+# (mtime ns, size) of the ledger file and of its -wal; None for one that is not there.
+FileStamp = tuple[tuple[int, int] | None, tuple[int, int] | None]
+
+
+def change_stamp(path: Path) -> FileStamp:
+    """What a commit to the ledger at ``path`` changes: its ``-wal`` grows (or, after a
+    checkpoint, is rewritten), and a checkpoint rewrites the file. Two ``stat`` calls,
+    no read: a follower in another process looks at it often and reads the tail only
+    when it moved."""
+    out = []
+    for candidate in (path, path.with_name(path.name + "-wal")):
+        try:
+            st = candidate.stat()
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_mtime_ns, st.st_size))
+    return (out[0], out[1])

@@ -12,12 +12,17 @@ import json
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from fleetledger.events.models import shard_outside
 from fleetledger.projections.json_form import json_value
+from fleetledger.projections.lanes import lanes_of
+from fleetledger.projections.membership import membership_document
 from fleetledger.queries import RunReader, read_history
 from fleetledger.queries.runs import list_runs
 from fleetledger.store.log import EventLog
+from fleetledger.timeline import build_scene
+from fleetledger.timeline.html import fragment
 from fleetledger.web.entry_ids import Numbering, id_text
 from fleetledger.web.feeds import RunFeed, WireEntry
 from fleetledger.web.problems import bad_request, not_found
@@ -88,8 +93,6 @@ async def membership(request: web.Request) -> web.Response:
         return web.Response(body=feed.membership_json, content_type="application/json")
 
     def read(log: EventLog) -> dict[str, Any]:
-        from fleetledger.projections.membership import membership_document
-
         reader = RunReader(log, run)
         return membership_document(reader.view(at_seq(reader, at)))
 
@@ -198,16 +201,10 @@ async def timeline(request: web.Request) -> web.Response:
 
 
 def _draw(log: EventLog, feed: RunFeed, axis: str, fmt: str) -> str:
-    from fleetledger.projections.lanes import lanes_of
-    from fleetledger.timeline import build_scene
-    from fleetledger.timeline.html import fragment
-
     scene = build_scene(lanes_of(log.read(feed.run, 0, feed.seq)), axis)  # type: ignore[arg-type]
     return fragment(scene) if fmt == "html" else json.dumps(json_value(scene))
 
 
 async def metrics(request: web.Request) -> web.Response:
-    from prometheus_client import CONTENT_TYPE_LATEST
-
     body = _served(request).metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

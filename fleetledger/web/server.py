@@ -1,11 +1,13 @@
 """The server's lifetime: the ledger it reads, its runs' feeds, the pump that keeps the
 followed feeds caught up, and the aiohttp application that answers.
 
-The pump wakes every ``poll_interval_s`` — or at once, on PostgreSQL, when an append
-commits (``LISTEN``; the poll stays as the fallback, slower) — and catches up every feed
-that has a client streaming it. A feed nobody streams is caught up by the request that
-asks for it. Reads block, so they run on a small pool of worker threads; the event loop
-only moves what they return.
+The pump catches up every feed that has a client streaming it when the ledger moved:
+on PostgreSQL it is told (``LISTEN``: each append notifies on commit); on SQLite it
+looks at the ledger file's stamp every ``FILE_LOOK_S`` (two ``stat`` calls, no read)
+and reads the tails when the stamp moved. On both it also reads them every
+``poll_interval_s`` whatever it was told — the fallback for a lost notification. A
+feed nobody streams is caught up by the request that asks for it. Reads block, so they
+run on a small pool of worker threads; the event loop only moves what they return.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from aiohttp import web
 from fleetledger.errors import FleetledgerError
 from fleetledger.logs import get_logger
 from fleetledger.store.log import EventLog
+from fleetledger.store.postgres_listen import AppendListener
+from fleetledger.store.sqlite_file import FileStamp, change_stamp
+from fleetledger.store.urls import parse_db_url, sqlite_path
 from fleetledger.web.feeds import RunFeed
 from fleetledger.web.ledger_source import LedgerSource
 from fleetledger.web.metrics import ServeMetrics
 
 DEFAULT_PORT = 8321
 DEFAULT_HOST = "127.0.0.1"
-SQLITE_POLL_S = 0.05  # SQLite has no push: a look at the tail costs one short read
-LISTENING_POLL_S = 1.0  # PostgreSQL pushes appends; the poll only covers a lost connection
+FULL_LOOK_S = 1.0  # the tails are read at least this often, whatever the news says
+FILE_LOOK_S = 0.005  # a SQLite ledger's file stamp is looked at this often
 READ_THREADS = 4
 
 T = TypeVar("T")
@@ -61,12 +66,22 @@ class ServedLedger:
         self._listener: Any = None
         self._pump_task: asyncio.Task[None] | None = None
         self._last_problem = ""
+        self._file = None
+        if self.source.backend == "sqlite":
+            self._file = sqlite_path(parse_db_url(self.source.url))
+        self._stamp: FileStamp | None = None
 
     @property
     def poll_interval_s(self) -> float:
-        if self._poll_asked is not None:
-            return self._poll_asked
-        return LISTENING_POLL_S if self.listening else SQLITE_POLL_S
+        return FULL_LOOK_S if self._poll_asked is None else self._poll_asked
+
+    def _file_moved(self) -> bool:
+        """On SQLite: whether the ledger file's stamp moved since the last look."""
+        if self._file is None:
+            return False
+        stamp = change_stamp(self._file)
+        moved, self._stamp = stamp != self._stamp, stamp
+        return moved
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on a read thread."""
@@ -114,8 +129,6 @@ class ServedLedger:
         self._pump_task = asyncio.create_task(self._pump(), name="fleetledger-pump")
 
     def _start_listening(self, loop: asyncio.AbstractEventLoop) -> None:
-        from fleetledger.store.postgres_listen import AppendListener
-
         def on_append(run: str, seq: int) -> None:
             loop.call_soon_threadsafe(self._wake.set)
 
@@ -144,12 +157,20 @@ class ServedLedger:
             _log.warning("serve", problem=text, ledger=self.source.display_url)
 
     async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        looked = loop.time()
         while not self.closing.is_set():
+            slice_s = FILE_LOOK_S if self._file is not None else self.poll_interval_s
             try:
-                await asyncio.wait_for(self._wake.wait(), self.poll_interval_s)
+                await asyncio.wait_for(self._wake.wait(), slice_s)
             except TimeoutError:
                 pass
+            told = self._wake.is_set()
             self._wake.clear()
+            now = loop.time()
+            if not (told or self._file_moved() or now - looked >= self.poll_interval_s):
+                continue
+            looked = now
             for feed in list(self.feeds.values()):
                 if feed.subscribers and not feed.ended:
                     try:
@@ -211,7 +232,7 @@ async def _serving(
     db_url: str | None, host: str, port: int, poll_interval_s: float | None
 ) -> AsyncIterator[tuple[str, int, ServedLedger]]:
     """The server up from enter to exit: (url, port, served)."""
-    from fleetledger.web.app import make_app
+    from fleetledger.web.app import make_app  # it imports this module (SERVED): a cycle
 
     sock = _bound_socket(host, port)
     served = ServedLedger(db_url, poll_interval_s=poll_interval_s)
