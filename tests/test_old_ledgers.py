@@ -119,7 +119,8 @@ def _answers(url: str, run: str) -> dict[str, Any]:
 # with the answers changed on purpose since: the one layout notation, a membership entry
 # (``epoch_moved`` false) where the absent set changed alone (seq 18), and causes read
 # into facts (each transition's ``cause``, the raw causes an explanation cites, a cause
-# printed once). The seqs of every other entry are the old ones.
+# printed once), the membership document's ``since_at`` and ``layout_words`` (keys added
+# for the live page). The seqs of every other entry are the old ones.
 EXPECTED_PATH = Path(__file__).with_name("data") / "old_ledger_answers.json"
 
 

@@ -104,7 +104,7 @@ def _translated(doc: Any, seqs: dict[int, int]) -> Any:
     if isinstance(doc, dict):
         out = {}
         for key, value in doc.items():
-            if key in ("run", "at_us", "last_ok_at_us"):
+            if key in ("run", "at_us", "last_ok_at_us", "since_at_us"):
                 continue
             if key in _SEQ_KEYS and isinstance(value, int):
                 out[key] = seqs[value]
