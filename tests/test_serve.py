@@ -11,6 +11,11 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,6 +37,7 @@ from fleetledger.events.models import (
     RestartRequested,
 )
 from fleetledger.projections.lanes import lanes_of
+from fleetledger.store.database import migrate
 from fleetledger.store.log import EventLog
 from fleetledger.timeline import build_scene
 from fleetledger.timeline.html import fragment
@@ -253,6 +259,63 @@ def test_a_missing_ledger_is_a_clear_503_until_it_appears(tmp_path: Path) -> Non
         served.stop()
 
 
+@pytest.mark.postgres
+def test_a_database_without_a_ledger_is_503_until_it_is_migrated(postgres_url: str) -> None:
+    served = start_server(postgres_url, port=0)
+    try:
+        status, body = get_json(f"{served.url}api/v1/runs")
+        assert status == 503 and "fleetledger migrate" in body["error"], body
+        migrate(postgres_url)
+        with EventLog.open(postgres_url) as log:
+            log.append("after", [run_started(2)])
+        status, body = get_json(f"{served.url}api/v1/runs/after/membership")
+        assert status == 200 and body["run"] == "after"
+    finally:
+        served.stop()
+
+
+CONSOLE_SCRIPT = Path(sys.executable).parent / "fleetledger"
+
+
+def test_the_serve_command_prints_its_url_serves_and_stops_on_sigterm(sqlite_url: str) -> None:
+    with EventLog.open(sqlite_url) as log:
+        log.append("cli", [run_started(2)])
+    proc = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), "serve", "--port", "0", "--db", sqlite_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
+        assert get_json(f"{url}api/v1/runs/cli/membership")[1]["run"] == "cli"
+        status, kind, page = get(url)
+        assert (status, kind) == (200, "text/html; charset=utf-8") and b"page.js" in page
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "read-only" in err and "Traceback" not in err
+
+
+def test_a_port_in_use_is_one_line_and_status_2(sqlite_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(CONSOLE_SCRIPT), "serve", "--port", str(port), "--db", sqlite_url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"fleetledger: error: cannot listen on 127.0.0.1:{port}: ")
+    assert done.stderr.count("\n") == 1 and done.stdout == ""
+
+
 # ── the stream ────────────────────────────────────────────────────────────────
 
 
@@ -384,6 +447,18 @@ def test_on_postgresql_appends_are_pushed_not_waited_for(migrated_postgres_url: 
         ]
     finally:
         served.stop()
+
+
+def test_the_python_follower_of_the_docs_reads_a_whole_run(
+    server: RunningServer, run: str, ledger_url: str
+) -> None:
+    guide = Path(__file__).resolve().parent.parent / "docs" / "http.md"
+    found = re.search(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
+    assert found is not None
+    namespace: dict[str, Any] = {}
+    exec(found.group(1), namespace)
+    entries = list(namespace["follow"](server.url.rstrip("/"), run, after="0"))
+    assert [bare(e) for e in entries] == cli_json_lines("replay", run, "--db", ledger_url)
 
 
 # ── entry ids: the resume rule ─────────────────────────────────────────────────

@@ -124,7 +124,14 @@ class RunFeed:
                 follower = self._follower = Follower(log, self.run, from_seq=self._start_seq)
             before = follower.seq
             view = follower.history.view
-            entries = wire_entries(follower.poll(), self._numbering, view.config)
+            try:
+                folded = follower.poll()
+            except BaseException:
+                # Part of the tail may be folded with its entries lost: fold it again,
+                # from after the last catch-up that handed its entries out.
+                self._follower = None
+                raise
+            entries = wire_entries(folded, self._numbering, view.config)
             if view.seq == before and self.membership:
                 return entries, None
             return entries, membership_document(view)

@@ -97,8 +97,8 @@ async def stream(request: web.Request) -> web.StreamResponse:
         await response.prepare(request)
         writer = _Writer(response, served, feed.last_id if after is None else after)
         await _follow(served, feed, writer, subscriber, after)
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass  # the client went away (or the server is stopping): nothing to answer
+    except ConnectionResetError:
+        pass  # the client went away: nothing to answer
     except Exception as exc:  # the ledger failed mid-stream: say so in the stream, end it
         status, message = problem_of(exc)
         with contextlib.suppress(Exception):
