@@ -10,13 +10,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 
-def get(url: str, *, method: str = "GET", timeout: float = 60) -> tuple[int, str, bytes]:
+def get(
+    url: str, *, method: str = "GET", headers: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, str, bytes]:
     """(status, content type, body) of one request."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
     try:
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request(method, target)
+        conn.request(method, target, headers=headers or {})
         response = conn.getresponse()
         return response.status, response.getheader("Content-Type", ""), response.read()
     finally:

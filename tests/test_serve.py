@@ -8,6 +8,7 @@ the server must be another face of the same reads, never a second implementation
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import random
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,14 @@ from fleetledger.events.models import (
 )
 from fleetledger.projections.lanes import lanes_of
 from fleetledger.store.database import migrate
+from fleetledger.store.errors import LedgerOpenError
 from fleetledger.store.log import EventLog
 from fleetledger.timeline import build_scene
 from fleetledger.timeline.html import fragment
-from fleetledger.web import start_server
+from fleetledger.web import feeds, start_server
 from fleetledger.web.entry_ids import WHOLE_SEQ, Numbering, id_text, parse_entry_id
+from fleetledger.web.feeds import RunFeed
+from fleetledger.web.ledger_source import LedgerSource
 from fleetledger.web.problems import HttpProblem
 from fleetledger.web.server import RunningServer
 from tests.builders import dump_tables, run_ended, run_started
@@ -210,6 +215,10 @@ BAD_REQUESTS = [
     ("runs/r1/stream?after=999.0", 400, "resume point 999.0"),
     ("runs/nope/stream", 404, "no run 'nope'"),
     ("nothing/here", 404, "no such path"),
+    # Digits that are not 0-9 ('²' passes str.isdigit, not int): refused, not a 500.
+    ("runs/r1/history?limit=%C2%B2", 400, "limit='²'"),
+    ("runs/r1/stream?after=%C2%B2", 400, "not an entry id"),
+    ("runs/r1/shards/%C2%B2/explain", 404, "not a shard number"),
 ]
 
 
@@ -229,6 +238,7 @@ def test_the_server_only_reads(server: RunningServer, run: str, writer: EventLog
     before = dump_tables(engine)
     got, body = get_json(api(server, "runs"), method="POST")
     assert got == 405 and "only reads" in body["error"]
+    assert get(api(server, "runs"), method="DELETE")[0] == 405
     for path in (
         "runs",
         f"runs/{run}/membership",
@@ -257,6 +267,46 @@ def test_a_missing_ledger_is_a_clear_503_until_it_appears(tmp_path: Path) -> Non
         assert status == 200 and [r["run"] for r in body] == ["late"]
     finally:
         served.stop()
+
+
+def test_a_page_elsewhere_cannot_read_a_loopback_server(server: RunningServer, run: str) -> None:
+    """DNS rebinding: a name of another site pointed at 127.0.0.1 reaches the socket,
+    and its Host header says so."""
+    status, _, body = get(api(server, "runs"), headers={"Host": "evil.example:80"})
+    assert status == 403 and "'evil.example' is not this server's" in json.loads(body)["error"]
+    assert get(api(server, "runs"), headers={"Host": f"localhost:{server.port}"})[0] == 200
+
+
+def test_a_sqlite_ledger_replaced_under_the_server_is_read_anew(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'swap.db'}"
+    with EventLog.open(url) as log:
+        log.append("before", [run_started(2)])
+    served = start_server(url, port=0)
+    try:
+        assert [r["run"] for r in get_json(f"{served.url}api/v1/runs")[1]] == ["before"]
+        for leftover in tmp_path.glob("swap.db*"):
+            leftover.unlink()
+        with EventLog.open(url) as log:
+            log.append("after", [run_started(2)])
+        assert [r["run"] for r in get_json(f"{served.url}api/v1/runs")[1]] == ["after"]
+    finally:
+        served.stop()
+
+
+def test_concurrent_catch_ups_of_an_unreadable_ledger_all_fail(tmp_path: Path) -> None:
+    """A request never takes "a later catch-up ran" for "a later catch-up succeeded"."""
+    source = LedgerSource(f"sqlite:///{tmp_path / 'absent.db'}")
+    feed = RunFeed(source, "r", 1)
+
+    async def three() -> list[BaseException | None]:
+        with ThreadPoolExecutor(2) as pool:
+            return await asyncio.gather(
+                *(feed.catch_up(pool) for _ in range(3)), return_exceptions=True
+            )
+
+    outcomes = asyncio.run(three())
+    assert all(isinstance(o, LedgerOpenError) for o in outcomes), outcomes
+    assert feed.membership == {} and feed.seq == 0
 
 
 @pytest.mark.postgres
@@ -376,6 +426,27 @@ def test_a_follower_gets_every_entry_appended_while_it_follows(
         if line.startswith("fleetledger_serve_stream_lag_seconds_count")
     )
     assert float(observed.split()[-1]) == len(entries)  # each live entry's lag measured
+
+
+def test_a_resume_before_a_quiet_window_reads_what_it_missed_from_the_log(
+    server: RunningServer, writer: EventLog, ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's feed of a run starts a window before the head; when that window holds
+    no entry (healthy probes only), a client resuming from before it must still get the
+    entries it missed, read from the log — not "nothing new"."""
+    monkeypatch.setattr(feeds, "RECENT_WINDOW", 10)
+    writer.append("quiet", [run_started(SHARDS)])
+    writer.append("quiet", [ActorDeathConfirmed(shard=2, error="ActorDiedError: gone")])
+    for _ in range(30):
+        writer.append("quiet", [ProbeRound(ok=(0, 1, 3))])
+    stream = EventStream(api(server, "runs/quiet/stream"), last_event_id="1.0")
+    entries: list[Message] = []
+    while (message := stream.next()) is not None and message.event != "head":
+        entries.append(message)
+    stream.close()
+    replayed = [e for e in cli_json_lines("replay", "quiet", "--db", ledger_url) if e["seq"] > 1]
+    assert [bare(m.json()) for m in entries] == replayed
+    assert [m.id for m in entries] == ["2.0", "2.1"]
 
 
 @pytest.mark.parametrize("trial", range(3))

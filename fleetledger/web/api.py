@@ -23,8 +23,8 @@ from fleetledger.queries.runs import list_runs
 from fleetledger.store.log import EventLog
 from fleetledger.timeline import build_scene
 from fleetledger.timeline.html import fragment
-from fleetledger.web.entry_ids import Numbering, id_text
-from fleetledger.web.feeds import RunFeed, WireEntry
+from fleetledger.web.entry_ids import Numbering, id_text, is_digits
+from fleetledger.web.feeds import WireEntry
 from fleetledger.web.problems import bad_request, not_found
 from fleetledger.web.server import SERVED, ServedLedger
 
@@ -46,7 +46,7 @@ def int_param(request: web.Request, name: str, default: int | None, *, low: int 
     text = request.query.get(name)
     if text is None:
         return default
-    if not text.strip().isdigit() or len(text.strip()) > 18 or int(text) < low:
+    if not is_digits(text.strip()) or len(text.strip()) > 18 or int(text) < low:
         raise bad_request(f"{name}={text[:40]!r}: give an integer of at least {low}")
     return int(text)
 
@@ -69,7 +69,7 @@ def at_seq(reader: RunReader, at: str | None) -> int | None:
 def shard_param(request: web.Request, reader: RunReader) -> int:
     text = request.match_info["shard"]
     count = reader.config.shard_count
-    problem = "not a shard number" if not text.isdigit() or len(text) > 9 else None
+    problem = "not a shard number" if not is_digits(text) or len(text) > 9 else None
     problem = problem or shard_outside(int(text), count)
     if problem is not None:
         raise not_found(f"shard {text[:40]!r}: run {reader.run!r}: {problem}")
@@ -141,7 +141,7 @@ async def history(request: web.Request) -> web.Response:
 def _shard_filter(text: str | None, shard_count: int, run: str) -> int | None:
     if text is None:
         return None
-    problem = "not a shard number" if not text.isdigit() or len(text) > 9 else None
+    problem = "not a shard number" if not is_digits(text) or len(text) > 9 else None
     problem = problem or shard_outside(int(text), shard_count)
     if problem is not None:
         raise bad_request(f"shard={text[:40]!r}: run {run!r}: {problem}")
@@ -191,17 +191,19 @@ async def timeline(request: web.Request) -> web.Response:
     axis = choice_param(request, "axis", AXES)
     fmt = choice_param(request, "format", FORMATS)
     feed = await served.feed(run)
-    key = (feed.seq, axis, fmt)
+    seq = feed.seq
+    key = (seq, axis, fmt)
     drawn = feed.drawings.get(key)
     if drawn is None:
-        drawn = await served.read(served.with_log(lambda log: _draw(log, feed, axis, fmt)))
-        feed.drawings = {key: drawn}  # only the latest: a live run moves on
+        drawn = await served.read(served.with_log(lambda log: _draw(log, feed.run, seq, axis, fmt)))
+        if seq >= max((k[0] for k in feed.drawings), default=0):
+            feed.drawings = {key: drawn}  # only the latest: a live run moves on
     kind = "text/html" if fmt == "html" else "application/json"
     return web.Response(text=drawn, content_type=kind)
 
 
-def _draw(log: EventLog, feed: RunFeed, axis: str, fmt: str) -> str:
-    scene = build_scene(lanes_of(log.read(feed.run, 0, feed.seq)), axis)  # type: ignore[arg-type]
+def _draw(log: EventLog, run: str, seq: int, axis: str, fmt: str) -> str:
+    scene = build_scene(lanes_of(log.read(run, 0, seq)), axis)  # type: ignore[arg-type]
     return fragment(scene) if fmt == "html" else json.dumps(json_value(scene))
 
 

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from fleetledger.logs import get_logger
 from fleetledger.web import api, page, stream
-from fleetledger.web.problems import problem_body, problem_of
+from fleetledger.web.problems import HttpProblem, problem_body, problem_of
 from fleetledger.web.server import SERVED, ServedLedger
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,6 +60,7 @@ async def answer_errors(request: web.Request, handler: Handler) -> web.StreamRes
     served = request.app[SERVED]
     route = request.match_info.route.name or "unknown"
     try:
+        _check_host(request)
         response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -68,6 +69,8 @@ async def answer_errors(request: web.Request, handler: Handler) -> web.StreamRes
         if exc.status == 405:
             reason = f"{request.method} {request.path}: the server only reads; use GET"
         response = json_problem(exc.status, reason)
+        if exc.status == 405:
+            response.headers["Allow"] = "GET"
     except Exception as exc:
         status, message = problem_of(exc)
         if status == 500:
@@ -77,9 +80,31 @@ async def answer_errors(request: web.Request, handler: Handler) -> web.StreamRes
     return response
 
 
-def make_app(served: ServedLedger) -> web.Application:
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
+HOSTS = web.AppKey("hosts", frozenset)  # the Host names answered; empty: any
+
+
+def _check_host(request: web.Request) -> None:
+    """On loopback, answer only requests addressed to it: a web page elsewhere that
+    points a name of its own at 127.0.0.1 (DNS rebinding) must not read the ledger."""
+    hosts = request.app[HOSTS]
+    name = (request.url.host or "").strip("[]").lower()
+    if hosts and name not in hosts:
+        raise HttpProblem(
+            403, f"Host {name[:60]!r} is not this server's: it answers {', '.join(sorted(hosts))}"
+        )
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.update(page.HEADERS)
+
+
+def make_app(served: ServedLedger, host: str = "127.0.0.1") -> web.Application:
     app = web.Application(middlewares=[answer_errors])
     app[SERVED] = served
+    loopback = host.strip("[]").lower() in LOOPBACK_NAMES
+    app[HOSTS] = LOOPBACK_NAMES | {host.strip("[]").lower()} if loopback else frozenset()
+    app.on_response_prepare.append(_security_headers)
     for path, name, handler in ROUTES:
         app.router.add_get(path, handler, name=name, allow_head=False)
     return app

@@ -18,6 +18,11 @@ WHOLE_SEQ = 1 << 30
 MAX_DIGITS = 18
 
 
+def is_digits(text: str) -> bool:
+    """Only 0-9: ``str.isdigit`` also takes '²', which ``int`` refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def id_text(entry_id: EntryId) -> str:
     return f"{entry_id[0]}.{entry_id[1]}"
 
@@ -26,7 +31,7 @@ def parse_entry_id(text: str, where: str) -> EntryId:
     """``SEQ.I`` or ``SEQ`` (after all of that seq) as an id; a 400 naming ``where``."""
     seq_text, dot, index_text = text.strip().partition(".")
     parts = [seq_text, index_text] if dot else [seq_text]
-    if not all(p.isdigit() and len(p) <= MAX_DIGITS for p in parts):
+    if not all(is_digits(p) and len(p) <= MAX_DIGITS for p in parts):
         raise bad_request(
             f"{where} {text[:40]!r} is not an entry id: give SEQ.I (as the stream sent it) "
             "or SEQ (everything after that seq)"

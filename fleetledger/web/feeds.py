@@ -89,9 +89,12 @@ class Subscriber:
         try:
             self.queue.put_nowait(batch)
         except asyncio.QueueFull:
-            self.dropped = True
-            self.queue = asyncio.Queue(1)
-            self.queue.put_nowait(batch)  # wake the handler: it sees ``dropped`` and ends
+            self.drop()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.queue = asyncio.Queue(1)
+        self.queue.put_nowait(Batch([], 0, False))  # wake the handler: it sees ``dropped``
 
 
 class RunFeed:
@@ -110,6 +113,7 @@ class RunFeed:
         self.membership_json = b""
         self.drawings: dict[tuple[int, str, str], str] = {}  # the timeline at the latest seq
         self._polls_started = 0
+        self._last_good_poll = 0
         self.seq = 0  # the last seq folded
         self.ended = False
         self.last_id: EntryId = (0, 0)  # the last entry's id (none yet: before any)
@@ -120,21 +124,23 @@ class RunFeed:
         was appended; its entries numbered and serialised; the membership if it moved."""
         with self.source.reading() as log:
             follower = self._follower
-            if follower is None or follower.log is not log:  # first, or the log reopened
-                follower = self._follower = Follower(log, self.run, from_seq=self._start_seq)
-            before = follower.seq
-            view = follower.history.view
             try:
-                folded = follower.poll()
+                if follower is None or follower.log is not log:  # first, or log reopened
+                    follower = Follower(log, self.run, from_seq=self._start_seq)
+                    self._follower = follower
+                before = follower.seq
+                view = follower.history.view
+                numbering = Numbering(self._numbering.last)
+                entries = wire_entries(follower.poll(), numbering, view.config)
+                moved = view.seq != before or not self.membership
+                membership = membership_document(view) if moved else None
             except BaseException:
                 # Part of the tail may be folded with its entries lost: fold it again,
                 # from after the last catch-up that handed its entries out.
                 self._follower = None
                 raise
-            entries = wire_entries(folded, self._numbering, view.config)
-            if view.seq == before and self.membership:
-                return entries, None
-            return entries, membership_document(view)
+            self._numbering = numbering
+            return entries, membership
 
     async def catch_up(self, executor: Executor) -> None:
         """Fold the run's tail and hand what is new to every subscriber.
@@ -145,26 +151,39 @@ class RunFeed:
         """
         asked = self._polls_started
         async with self._lock:
-            if self._polls_started > asked:
+            if self._last_good_poll > asked:  # a poll that began after the ask succeeded
                 return
             self._polls_started += 1
+            this_poll = self._polls_started
             loop = asyncio.get_running_loop()
-            entries, membership = await loop.run_in_executor(executor, self._poll)
-            if membership is None and not entries:
-                return
-            if membership is not None:
-                self.membership = membership
-                self.membership_json = json.dumps(membership, separators=(",", ":")).encode()
-                self.seq = membership["seq"]
-                self.ended = membership["ended"] is not None
-            # A reopened log resumes after what this feed has handed out.
-            self._start_seq = self.seq + 1
-            batch = Batch(entries, self.seq, self.ended)
-            if batch.entries:
-                self.last_id = batch.entries[-1].id
-                self.recent.extend(batch.entries)
-            for subscriber in self.subscribers:
-                subscriber.offer(batch)
+            polled = loop.run_in_executor(executor, self._poll)
+            try:
+                result = await asyncio.shield(polled)
+            except asyncio.CancelledError:
+                # The thread goes on folding: hold the lock until it is done, so no second
+                # poll runs beside it on the same fold, and hand its entries out.
+                self._hand_out(*await polled)
+                self._last_good_poll = this_poll
+                raise
+            self._last_good_poll = this_poll
+            self._hand_out(*result)
+
+    def _hand_out(self, entries: list[WireEntry], membership: dict[str, Any] | None) -> None:
+        if membership is None and not entries:
+            return
+        if membership is not None:
+            self.membership = membership
+            self.membership_json = json.dumps(membership, separators=(",", ":")).encode()
+            self.seq = membership["seq"]
+            self.ended = membership["ended"] is not None
+        # A reopened log resumes after what this feed has handed out.
+        self._start_seq = self.seq + 1
+        batch = Batch(entries, self.seq, self.ended)
+        if batch.entries:
+            self.last_id = batch.entries[-1].id
+            self.recent.extend(batch.entries)
+        for subscriber in self.subscribers:
+            subscriber.offer(batch)
 
     def subscribe(self) -> Subscriber:
         subscriber = Subscriber()
@@ -174,10 +193,15 @@ class RunFeed:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self.subscribers.discard(subscriber)
 
+    def drop_subscribers(self) -> None:
+        """End every stream of this feed: its clients reconnect and resume by id."""
+        for subscriber in self.subscribers:
+            subscriber.drop()
+
     def recent_after(self, after: EntryId) -> list[WireEntry] | None:
         """The kept entries after ``after``; None when the feed does not hold them all
         (they are before its window, or were let go), so the caller reads the log."""
-        if after >= self.last_id:
+        if self.last_id[0] and after >= self.last_id:
             return []
         held = bool(self.recent) and after >= self.recent[0].id
         # Nothing let go yet, and ``after`` at or past the window's start: none missing.

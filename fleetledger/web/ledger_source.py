@@ -10,13 +10,14 @@ the log is opened with ``mode="read"``, which never creates, upgrades or writes.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from fleetledger.store.errors import LedgerOpenError, LedgerReadError
 from fleetledger.store.log import EventLog
-from fleetledger.store.urls import display_url_of, parse_db_url, resolve_db_url
+from fleetledger.store.urls import display_url_of, parse_db_url, resolve_db_url, sqlite_path
 
 
 class LedgerSource:
@@ -27,6 +28,10 @@ class LedgerSource:
         self.backend = parse_db_url(self.url).backend  # a malformed URL fails here, at start
         # What pages and errors show: never a password.
         self.display_url = display_url_of(parse_db_url(self.url))
+        self._path = sqlite_path(parse_db_url(self.url)) if self.backend == "sqlite" else None
+        self._identity: tuple[int, int] | None = None
+        self._replacements = 0
+        self._replacements_seen = 0
         self._log: EventLog | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -35,9 +40,38 @@ class LedgerSource:
         with self._lock:
             if self._closed:
                 raise LedgerReadError(f"{self.url}: the server is shutting down")
+            self._drop_if_replaced()
             if self._log is None:
+                self._identity = self._file_identity()
                 self._log = EventLog.open(self.url, mode="read")
             return self._log
+
+    def _drop_if_replaced(self) -> None:
+        """Under the lock: close the log of a SQLite ledger replaced under us (deleted and
+        created again, moved over), whose open connections would read the old file
+        forever; the next read opens the new one."""
+        if self._log is not None and self._file_identity() != self._identity:
+            self._log, stale = None, self._log
+            self._replacements += 1
+            with suppress(Exception):
+                stale.close()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """(device, inode) of a SQLite ledger's file; None for PostgreSQL or no file."""
+        if self._path is None:
+            return None
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def replaced(self) -> bool:
+        """Whether the ledger file was replaced since the last call (it is then reopened)."""
+        with self._lock:
+            self._drop_if_replaced()
+            seen, self._replacements_seen = self._replacements_seen, self._replacements
+            return self._replacements != seen
 
     @contextmanager
     def reading(self) -> Iterator[EventLog]:

@@ -29,6 +29,7 @@ CSP = (
     "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
+# On every response of the server (``app``), the API's too.
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
 TYPES = {".js": "text/javascript", ".css": "text/css"}
 SHIPPED = ("page.js", "page.css")  # served as they are in static/
@@ -58,7 +59,7 @@ def static_files() -> dict[str, tuple[str, str]]:
 async def index(request: web.Request) -> web.Response:
     ledger = escape(request.app[SERVED].source.display_url, quote=True)
     text = _package_file("index.html").replace("{{ledger}}", ledger)
-    return web.Response(text=text, content_type="text/html", headers=HEADERS)
+    return web.Response(text=text, content_type="text/html")
 
 
 async def static(request: web.Request) -> web.Response:
@@ -67,6 +68,4 @@ async def static(request: web.Request) -> web.Response:
     if found is None:
         raise web.HTTPNotFound()
     kind, text = found
-    return web.Response(
-        text=text, content_type=kind, headers={**HEADERS, "Cache-Control": "no-cache"}
-    )
+    return web.Response(text=text, content_type=kind, headers={"Cache-Control": "no-cache"})

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from fleetledger.errors import FleetledgerError
-from fleetledger.projections.fleet_view import ProjectionError
 from fleetledger.queries import PointError
 from fleetledger.store.errors import LedgerOpenError, LedgerReadError, UnknownRun
 
@@ -37,7 +36,6 @@ def bad_request(message: str) -> HttpProblem:
 STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (UnknownRun, 404),
     (PointError, 400),
-    (ProjectionError, 400),  # a seq outside the run, asked of a fold
     (LedgerOpenError, 503),  # missing, foreign, too new, unreachable, needs migrating
     (LedgerReadError, 503),  # a lost connection, a file truncated under us
     (FleetledgerError, 500),

@@ -93,6 +93,8 @@ class ServedLedger:
 
     async def feed(self, run: str) -> RunFeed:
         """The run's feed, caught up with everything committed before the call."""
+        if self.source.replaced():
+            self._forget_feeds()
         feed = self.feeds.get(run)
         if feed is None:
             head = await self.read(self._head_seq, run)
@@ -121,27 +123,34 @@ class ServedLedger:
     # ── the pump ────────────────────────────────────────────────────────────────
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
         self.closing = asyncio.Event()
         self._wake = asyncio.Event()
-        if self.source.backend == "postgresql":
-            await self.read(self._start_listening, loop)
+        await self._listen_if_pushed()
         self._pump_task = asyncio.create_task(self._pump(), name="fleetledger-pump")
 
-    def _start_listening(self, loop: asyncio.AbstractEventLoop) -> None:
-        def on_append(run: str, seq: int) -> None:
-            loop.call_soon_threadsafe(self._wake.set)
+    async def _listen_if_pushed(self) -> None:
+        """On PostgreSQL, listen for appends; tried again by the pump until it works."""
+        if self.source.backend != "postgresql" or self._listener is not None:
+            return
+        self._listener = await self.read(self._new_listener, asyncio.get_running_loop())
+        if self._listener is not None:
+            self._listener.start()
 
-        def on_state(state: str) -> None:
-            loop.call_soon_threadsafe(self._listening_is, state)
+    def _new_listener(self, loop: asyncio.AbstractEventLoop) -> AppendListener | None:
+        def on_loop(fn: Callable[..., None], *args: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped
+                loop.call_soon_threadsafe(fn, *args)
 
         try:
             with self.source.reading() as log:
-                self._listener = AppendListener(log.database, on_append, on_state)
-        except Exception as exc:  # no ledger yet: poll; a later open does not listen
+                return AppendListener(
+                    log.database,
+                    lambda run, seq: on_loop(self._wake.set),
+                    lambda state: on_loop(self._listening_is, state),
+                )
+        except Exception as exc:  # no ledger yet: poll, and try again later
             self._say_problem(f"not listening for appends ({exc}); polling")
-            return
-        self._listener.start()
+            return None
 
     def _listening_is(self, state: str) -> None:
         self.listening = state == "listening"
@@ -160,23 +169,36 @@ class ServedLedger:
         loop = asyncio.get_running_loop()
         looked = loop.time()
         while not self.closing.is_set():
-            slice_s = FILE_LOOK_S if self._file is not None else self.poll_interval_s
+            followed = [f for f in self.feeds.values() if f.subscribers and not f.ended]
+            # The file's stamp is looked at often only while someone follows a run.
+            quick = self._file is not None and followed
             try:
-                await asyncio.wait_for(self._wake.wait(), slice_s)
+                await asyncio.wait_for(
+                    self._wake.wait(), FILE_LOOK_S if quick else self.poll_interval_s
+                )
             except TimeoutError:
                 pass
             told = self._wake.is_set()
             self._wake.clear()
             now = loop.time()
-            if not (told or self._file_moved() or now - looked >= self.poll_interval_s):
+            if not (told or (quick and self._file_moved()) or now - looked >= self.poll_interval_s):
                 continue
             looked = now
-            for feed in list(self.feeds.values()):
-                if feed.subscribers and not feed.ended:
-                    try:
-                        await feed.catch_up(self.executor)
-                    except Exception as exc:  # the ledger is away: say so once, go on
-                        self._say_problem(f"run {feed.run!r}: {exc}")
+            await self._listen_if_pushed()
+            if self.source.replaced():
+                self._forget_feeds()
+            for feed in followed:
+                try:
+                    await feed.catch_up(self.executor)
+                except Exception as exc:  # the ledger is away: say so once, go on
+                    self._say_problem(f"run {feed.run!r}: {exc}")
+
+    def _forget_feeds(self) -> None:
+        """The ledger file was replaced: what the feeds folded is another ledger's. Their
+        streams end (clients resume by id against the new file); feeds start afresh."""
+        feeds, self.feeds = self.feeds, {}
+        for feed in feeds.values():
+            feed.drop_subscribers()
 
     async def stop(self) -> None:
         self.closing.set()
@@ -237,7 +259,7 @@ async def _serving(
     sock = _bound_socket(host, port)
     served = ServedLedger(db_url, poll_interval_s=poll_interval_s)
     await served.start()
-    runner = web.AppRunner(make_app(served), shutdown_timeout=1.0, access_log=None)
+    runner = web.AppRunner(make_app(served, host), shutdown_timeout=1.0, access_log=None)
     try:
         await runner.setup()
         await web.SockSite(runner, sock).start()
@@ -248,6 +270,14 @@ async def _serving(
         await runner.cleanup()
         await served.stop()
         sock.close()
+
+
+async def _cancel_leftovers() -> None:
+    """Cancel and await what the runner let go of (a stream handler still waiting)."""
+    leftover = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in leftover:
+        task.cancel()
+    await asyncio.gather(*leftover, return_exceptions=True)
 
 
 def url_of(host: str, port: int) -> str:
@@ -287,6 +317,7 @@ def start_server(
         try:
             loop.run_until_complete(serve())
         finally:
+            loop.run_until_complete(_cancel_leftovers())
             loop.close()
 
     thread = threading.Thread(target=main, name="fleetledger-serve", daemon=True)

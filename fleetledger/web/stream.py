@@ -20,13 +20,22 @@ import json
 
 from aiohttp import web
 
+from fleetledger.logs import get_logger
 from fleetledger.queries import Follower
 from fleetledger.web.entry_ids import WHOLE_SEQ, EntryId, Numbering, id_text, parse_entry_id
-from fleetledger.web.feeds import RunFeed, Subscriber, WireEntry, lag_seconds, wire_entries
+from fleetledger.web.feeds import (
+    Batch,
+    RunFeed,
+    Subscriber,
+    WireEntry,
+    lag_seconds,
+    wire_entries,
+)
 from fleetledger.web.problems import bad_request, problem_body, problem_of
 from fleetledger.web.server import SERVED, ServedLedger
 
 KEEPALIVE_S = 15.0
+_log = get_logger("fleetledger.web")
 HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -75,7 +84,7 @@ class _Writer:
         if live:
             for entry in fresh:
                 self.served.metrics.stream_lag.observe(lag_seconds(entry))
-        return fresh[-1].ends_run
+        return any(e.ends_run for e in fresh)
 
     async def event(self, name: str, data: object) -> None:
         await self.response.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
@@ -91,22 +100,38 @@ async def stream(request: web.Request) -> web.StreamResponse:
             f"run {run!r} has seqs 1..{feed.seq}"
         )
     subscriber = feed.subscribe()  # from here on, every batch reaches this client
-    served.metrics.stream_clients.inc()
     response = web.StreamResponse(headers=HEADERS)
+    # Where this client stands, taken with the subscription (no await between them).
+    writer = _Writer(response, served, feed.last_id if after is None else after)
+    served.metrics.stream_clients.inc()
     try:
         await response.prepare(request)
-        writer = _Writer(response, served, feed.last_id if after is None else after)
         await _follow(served, feed, writer, subscriber, after)
     except ConnectionResetError:
         pass  # the client went away: nothing to answer
-    except Exception as exc:  # the ledger failed mid-stream: say so in the stream, end it
+    except Exception as exc:  # the ledger failed as the stream began: say so, end it
         status, message = problem_of(exc)
+        if status == 500:
+            _log.error("stream failed", path=request.path, error=message)
         with contextlib.suppress(Exception):
-            await _Writer(response, served, (0, 0)).event("error", problem_body(status, message))
+            await writer.event("error", problem_body(status, message))
     finally:
         feed.unsubscribe(subscriber)
         served.metrics.stream_clients.dec()
     return response
+
+
+async def _next_batch(served: ServedLedger, subscriber: Subscriber) -> Batch | None:
+    """The next batch; None after ``KEEPALIVE_S`` without one, or when the server stops."""
+    getting = asyncio.ensure_future(subscriber.queue.get())
+    stopping = asyncio.ensure_future(served.closing.wait())
+    try:
+        await asyncio.wait({getting, stopping}, timeout=KEEPALIVE_S, return_when="FIRST_COMPLETED")
+    finally:
+        stopping.cancel()
+        if not getting.done():
+            getting.cancel()
+    return getting.result() if getting.done() and not getting.cancelled() else None
 
 
 async def _follow(
@@ -130,9 +155,10 @@ async def _follow(
     # Batches come in the feed's order and carry every entry after the subscription:
     # the run's end arrives in one of them, after everything before it.
     while not ended:
-        try:
-            batch = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_S)
-        except TimeoutError:
+        batch = await _next_batch(served, subscriber)
+        if served.closing.is_set():
+            return  # the server is stopping: the client reconnects to the next one
+        if batch is None:
             await writer.response.write(b": keepalive\n\n")
             continue
         if subscriber.dropped:

@@ -181,7 +181,8 @@ class RunPage {
 
   // The stream: new entries as they are appended; "head" whenever the run moves.
   follow(after) {
-    const url = `${runPath(this.run, "stream")}?after=${encodeURIComponent(after)}`;
+    this.lastId = this.lastId || after;
+    const url = `${runPath(this.run, "stream")}?after=${encodeURIComponent(this.lastId)}`;
     const source = (this.source = new EventSource(url));
     setLive("off", "connecting…");
     source.onopen = () => setLive("on", "live");
@@ -202,7 +203,13 @@ class RunPage {
         // the server's own words: the ledger failed mid-stream; the browser reconnects
         this.parts.entriesProblem.replaceChildren(problem("stream", new Error(JSON.parse(event.data).error)));
       }
-      if (!this.ended) setLive("off", "reconnecting…");
+      if (this.ended) return;
+      setLive("off", "reconnecting…");
+      // The browser reconnects by itself after a dropped connection, but never after
+      // an answer that is not 200 (a 503 while the ledger is migrated): open it again.
+      if (source.readyState === EventSource.CLOSED) {
+        this.retryTimer = setTimeout(() => this.follow(this.lastId), 2000);
+      }
     });
   }
 
@@ -224,9 +231,12 @@ class RunPage {
   async loadLatest() {
     try {
       const page = await getJSON(`${runPath(this.run, "history")}?limit=${KEPT_ENTRIES}`);
+      this.parts.entries.replaceChildren(); // a second try must not show them twice
+      this.lastId = null;
       this.addEntries(page.entries, false);
       this.ended = page.ended;
       if (page.ended) setLive("ended", "run ended");
+      this.lastId = page.stream_after;
       return page.stream_after;
     } catch (error) {
       this.parts.entriesProblem.replaceChildren(problem("history", error));
@@ -322,6 +332,7 @@ class RunPage {
         el("td", {}, words.detail),
       );
       body.prepend(row);
+      this.lastId = entry.id;
     }
     while (body.childElementCount > KEPT_ENTRIES) body.lastElementChild.remove();
   }
