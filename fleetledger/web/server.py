@@ -159,6 +159,11 @@ class ServedLedger:
             self._say_problem(state)
         self._wake.set()  # catch up at once: appends may have gone unannounced
 
+    def follower_joined(self) -> None:
+        """A client began to follow a run: the pump, which may be taking a long nap (no
+        one followed anything), looks again now and from then on every ``FILE_LOOK_S``."""
+        self._wake.set()
+
     def _say_problem(self, text: str) -> None:
         """One warning per distinct problem, not one per poll."""
         if text != self._last_problem:

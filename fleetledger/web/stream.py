@@ -100,6 +100,7 @@ async def stream(request: web.Request) -> web.StreamResponse:
             f"run {run!r} has seqs 1..{feed.seq}"
         )
     subscriber = feed.subscribe()  # from here on, every batch reaches this client
+    served.follower_joined()
     response = web.StreamResponse(headers=HEADERS)
     # Where this client stands, taken with the subscription (no await between them).
     writer = _Writer(response, served, feed.last_id if after is None else after)
