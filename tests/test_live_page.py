@@ -104,10 +104,14 @@ async def _watch(url: str, profile: Path, shot: Path) -> list[str]:
         )
         assert f"shard {KILLED} is DEAD" in explanation
         assert "killed (SIGKILL or a crash)" in explanation
-        timeline = await browser.evaluate(
-            "document.querySelectorAll('#timeline svg.plot g.lane').length"
+        # The timeline is redrawn from the stream too: the lane turns red, no reload.
+        await browser.wait_for(
+            f'document.querySelector(\'#timeline g.lane[data-shard="{KILLED}"] '
+            'rect[data-state="DEAD"]\') !== null',
+            timeout=30,
+            what="the death on the timeline",
         )
-        assert timeline == 3
+        assert await browser.evaluate("document.querySelectorAll('#timeline g.lane').length") == 3
         await browser.screenshot(shot)
         return browser.errors
     finally:

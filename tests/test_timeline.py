@@ -482,7 +482,7 @@ def test_html_of_a_run_that_never_ended_labels_where_it_stopped(
     document, page = parse_html(target)
     assert_offline(document, page)
     text = " ".join(page.text)
-    assert "STOPPED · no run_ended recorded; last event seq" in text
+    assert "NOT ENDED · no run_ended recorded; last event seq" in text
     assert "shard 5 RETIRED · shards 0–4 STALE" in text
     assert "END ·" not in text
     # The end line is grey (no outcome), whatever colour the stall before it had.
@@ -681,7 +681,7 @@ def test_the_png_draws_exactly_the_scenes_legend_the_html_does() -> None:
 def test_the_end_colour_in_the_legend_is_the_end_line_colour() -> None:
     stopped = build_scene(every_mark_lanes())
     assert stopped.end_colour == NOT_ENDED_COLOUR
-    assert stopped.end_text.startswith("STOPPED · ")
+    assert stopped.end_text.startswith("NOT ENDED · ")
     fleet = Fleet(shard_count=2)
     fleet.run_ended("completed", "max steps")
     ended = build_scene(lanes_of(fleet.records))

@@ -63,7 +63,7 @@ def subtitle(lanes: Lanes) -> str:
 
 
 def end_text(lanes: Lanes) -> str:
-    return ("END · " if lanes.end else "STOPPED · ") + lanes.end_label()
+    return ("END · " if lanes.end else "NOT ENDED · ") + lanes.end_label()
 
 
 # ── tooltips ───────────────────────────────────────────────────────────────────

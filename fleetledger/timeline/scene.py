@@ -161,7 +161,7 @@ class Mark:
 class Scene:
     title: str
     subtitle: str
-    end_text: str  # "END · …" or "STOPPED · …"
+    end_text: str  # "END · …" or "NOT ENDED · …" (live, or stopped without an end)
     end_label: str
     end_colour: str
     axis: Axis

@@ -177,6 +177,7 @@ class RunPage {
     if (this.source) this.source.close();
     clearTimeout(this.membershipTimer);
     clearTimeout(this.retryTimer);
+    clearTimeout(this.timelineTimer);
   }
 
   // The stream: new entries as they are appended; "head" whenever the run moves.
@@ -341,7 +342,12 @@ class RunPage {
   async drawTimeline(force) {
     if (this.timelineBusy || (!force && Date.now() - this.timelineAt < TIMELINE_EVERY_MS)) {
       this.timelineDue = true;
-      if (!this.timelineBusy) setTimeout(() => this.timelineDue && this.drawTimeline(), TIMELINE_EVERY_MS);
+      if (!this.timelineTimer) {
+        this.timelineTimer = setTimeout(() => {
+          this.timelineTimer = null;
+          if (this.timelineDue) this.drawTimeline();
+        }, TIMELINE_EVERY_MS);
+      }
       return;
     }
     this.timelineBusy = true;
