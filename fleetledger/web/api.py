@@ -66,13 +66,29 @@ def at_seq(reader: RunReader, at: str | None) -> int | None:
     return seq
 
 
+def shard_problem(text: str, shard_count: int) -> str | None:
+    """Why ``text`` names no shard of a run of ``shard_count`` shards; None if it does."""
+    if not is_digits(text) or len(text) > 9:
+        return "not a shard number"
+    return shard_outside(int(text), shard_count)
+
+
 def shard_param(request: web.Request, reader: RunReader) -> int:
+    """The path's shard: one the run does not have is not found (404)."""
     text = request.match_info["shard"]
-    count = reader.config.shard_count
-    problem = "not a shard number" if not is_digits(text) or len(text) > 9 else None
-    problem = problem or shard_outside(int(text), count)
+    problem = shard_problem(text, reader.config.shard_count)
     if problem is not None:
         raise not_found(f"shard {text[:40]!r}: run {reader.run!r}: {problem}")
+    return int(text)
+
+
+def shard_filter(text: str | None, shard_count: int, run: str) -> int | None:
+    """The ``?shard=`` filter: one the run does not have is a bad request (400)."""
+    if text is None:
+        return None
+    problem = shard_problem(text, shard_count)
+    if problem is not None:
+        raise bad_request(f"shard={text[:40]!r}: run {run!r}: {problem}")
     return int(text)
 
 
@@ -99,8 +115,8 @@ async def membership(request: web.Request) -> web.Response:
     return _json(await served.read(served.with_log(read)))
 
 
-def _entries_json(run: str, feed_or_none: dict[str, Any], entries: list[WireEntry]) -> str:
-    head = json.dumps({"run": run, **feed_or_none})[:-1]
+def _entries_json(run: str, meta: dict[str, Any], entries: list[WireEntry]) -> str:
+    head = json.dumps({"run": run, **meta})[:-1]
     return head + ',"entries":[' + ",".join(e.json for e in entries) + "]}"
 
 
@@ -116,7 +132,7 @@ async def history(request: web.Request) -> web.Response:
     shard_text = request.query.get("shard")
     if from_seq is None:
         feed = await served.feed(run)
-        shard = _shard_filter(shard_text, len(feed.membership["shards"]), run)
+        shard = shard_filter(shard_text, len(feed.membership["shards"]), run)
         kept = [e for e in feed.recent if e.about(shard)][-limit:]
         # After the last entry; with none in the feed's window, after the head's seq
         # (never "0.0", which would replay the whole run into the stream).
@@ -126,7 +142,7 @@ async def history(request: web.Request) -> web.Response:
 
     def read(log: EventLog) -> str:
         reader = RunReader(log, run)
-        shard = _shard_filter(shard_text, reader.config.shard_count, run)
+        shard = shard_filter(shard_text, reader.config.shard_count, run)
         if from_seq > reader.head.seq:
             raise bad_request(f"from={from_seq}: run {run!r} has seqs 1..{reader.head.seq}")
         page, next_seq = _history_page(log, reader, from_seq, limit, shard)
@@ -136,16 +152,6 @@ async def history(request: web.Request) -> web.Response:
     return web.Response(
         text=await served.read(served.with_log(read)), content_type="application/json"
     )
-
-
-def _shard_filter(text: str | None, shard_count: int, run: str) -> int | None:
-    if text is None:
-        return None
-    problem = "not a shard number" if not is_digits(text) or len(text) > 9 else None
-    problem = problem or shard_outside(int(text), shard_count)
-    if problem is not None:
-        raise bad_request(f"shard={text[:40]!r}: run {run!r}: {problem}")
-    return int(text)
 
 
 def _history_page(

@@ -73,7 +73,6 @@ class Batch:
 
     entries: list[WireEntry]
     seq: int
-    ended: bool
 
 
 @dataclass(eq=False)
@@ -94,7 +93,7 @@ class Subscriber:
     def drop(self) -> None:
         self.dropped = True
         self.queue = asyncio.Queue(1)
-        self.queue.put_nowait(Batch([], 0, False))  # wake the handler: it sees ``dropped``
+        self.queue.put_nowait(Batch([], 0))  # wake the handler: it sees ``dropped``
 
 
 class RunFeed:
@@ -178,7 +177,7 @@ class RunFeed:
             self.ended = membership["ended"] is not None
         # A reopened log resumes after what this feed has handed out.
         self._start_seq = self.seq + 1
-        batch = Batch(entries, self.seq, self.ended)
+        batch = Batch(entries, self.seq)
         if batch.entries:
             self.last_id = batch.entries[-1].id
             self.recent.extend(batch.entries)
