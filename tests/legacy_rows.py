@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 
 from fleetledger.events.codec import EventCodec
-from fleetledger.events.jsonl import parse_export
+from fleetledger.events.jsonl import ExportChecker
 from fleetledger.events.legacy import ProbeFailedV1, ProbeSucceededV1
 from fleetledger.events.models import Event, iso_at
 from fleetledger.store.log import EventLog
@@ -43,10 +43,21 @@ def probe_failed_v1(
 
 
 def stored_form(item: Item, codec: EventCodec | None = None) -> tuple[str, int, str]:
-    """(type, schema version, payload) as the row holding ``item`` has them."""
+    """(type, schema version, payload) as an old fleetledger's append stored ``item``:
+    the payload with its id and type (before schema revision 0003)."""
     if isinstance(item, ProbeSucceededV1 | ProbeFailedV1):
         return item.type, 1, item.model_dump_json()
-    return (codec or EventCodec()).encode(item)
+    type_, version, _payload = (codec or EventCodec()).encode(item)
+    return type_, version, item.model_dump_json()
+
+
+def imported_form(item: Item) -> tuple[str, int, str]:
+    """(type, schema version, payload) as an import stores ``item`` today: the export
+    line's ``data``, without id and type (their columns hold them)."""
+    type_, version, payload = stored_form(item)
+    data = json.loads(payload)
+    del data["id"], data["type"]
+    return type_, version, json.dumps(data, separators=(",", ":"))
 
 
 def export_lines(
@@ -76,8 +87,8 @@ def import_old_run(
     log: EventLog, run: str, items: Sequence[Item], *, first_us: int = FIRST_US
 ) -> None:
     """Import ``items`` as a whole run, through the import's own checks, rows kept raw."""
-    parsed = parse_export(export_lines(run, items, first_us=first_us), log.codec)
-    log.import_run(parsed.run, parsed.rows)
+    checker = ExportChecker(log.codec)
+    log.import_run(run, checker.rows(export_lines(run, items, first_us=first_us)))
 
 
 def insert_old_rows(engine: Engine, run: str, items: Iterable[Item]) -> list[int]:

@@ -41,6 +41,7 @@ from fleetledger.events.bundle import (
     read_bundle,
 )
 from fleetledger.events.codec import MAX_JSON_DEPTH, EventCodec
+from fleetledger.events.jsonl import ExportChecker
 from fleetledger.events.models import (
     Event,
     RefitCompleted,
@@ -239,6 +240,11 @@ def events_line_2_with_seq_twice(members: Members) -> Members:
     return events_line(members, 1, lambda t: t.replace('"seq":2,', '"seq":2,"seq":2,', 1))
 
 
+def events_line_4_with_line_2s_id(members: Members) -> Members:
+    """Line 4 under line 2's id, with a manifest and summary that agree (re-hashed)."""
+    return events_line(members, 3, lambda t: t.replace('"id":"r1-4"', '"id":"r1-2"', 1))
+
+
 def events_line_1_with_infinity(members: Members) -> Members:
     return events_line(members, 0, lambda t: with_raw(json.loads(t), SETTINGS, "Infinity"))
 
@@ -326,12 +332,6 @@ CASES: list[Case] = [
         as_copy(r1_with_a_line_past_the_limit),
         ("line 3: longer than 1,048,576 bytes", "docs/events.md"),
     ),
-    Case(
-        "file_past_the_size_limit",
-        as_copy(unchanged),
-        ("line 5: the file goes on past 1,000 bytes", "nothing was imported"),
-        patches=((jsonl_module, "MAX_EXPORT_BYTES", 1000), (jsonl_module, "READ_CHUNK", 300)),
-    ),
     # ── times and ids ──
     Case(
         "time_before_year_1_in_utc",
@@ -395,22 +395,21 @@ CASES: list[Case] = [
         (f"{MANIFEST} is compressed with zip method 12", "stored or deflated"),
     ),
     Case(
-        "bundle_member_past_its_limit",
+        "bundle_member_inflating_past_the_ratio",
         bundle_import(lambda ms: ms),
-        (f"{EVENTS} is ", "bytes uncompressed, says the zip directory", "at most 1,000"),
-        patches=((bundle_module, "MAX_MEMBER_BYTES", 1000),),
+        (f"{EVENTS} is ", "bytes uncompressed from ", "more than 2 times", "zip bomb"),
+        patches=((bundle_module, "MAX_INFLATION", 2), (bundle_module, "INFLATION_FLOOR_BYTES", 0)),
     ),
     Case(
-        "bundle_members_past_the_total_limit",
+        "bundle_document_past_its_limit",
         bundle_import(lambda ms: ms),
-        ("the members are ", "bytes uncompressed", "at most 2,000"),
-        patches=((bundle_module, "MAX_BUNDLE_BYTES", 2000),),
+        (f"{MANIFEST} is ", "bytes uncompressed, says the zip directory", "at most 100 "),
+        patches=((bundle_module, "MAX_DOCUMENT_BYTES", 100),),
     ),
     Case(
-        "bundle_file_past_the_limit",
-        bundle_import(lambda ms: ms),
-        ("the file is ", "a bundle is at most 500"),
-        patches=((bundle_module, "MAX_BUNDLE_FILE_BYTES", 500),),
+        "bundle_events_id_twice",
+        bundle_import(events_line_4_with_line_2s_id),
+        (f"{EVENTS} line 4: event id r1-2 appears twice (also on line 2)",),
     ),
     # ── time options ──
     Case(
@@ -530,19 +529,16 @@ class LyingArchive:
 
 @pytest.mark.parametrize("member", [EVENTS, SUMMARY])
 def test_a_member_that_inflates_past_what_the_directory_says_is_refused_while_streaming(
-    member: str, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    member: str, sqlite_url: str, tmp_path: Path
 ) -> None:
     _build(sqlite_url)
     members = bundle_of_r1(Ctx(sqlite_url, "sqlite", tmp_path))
-    limit = len(dict(members)[member]) - 1
-    monkeypatch.setattr(
-        bundle_module, "MAX_MEMBER_BYTES" if member == EVENTS else "MAX_DOCUMENT_BYTES", limit
-    )
+    claimed = len(dict(members)[member]) - 1  # one byte short: the lie is found at its end
     path = write_zip(tmp_path / "lying.zip", members)
     with zipfile.ZipFile(path) as real, pytest.raises(BundleError) as info:
-        lying: Any = LyingArchive(real, member, claimed=10)
-        bundle_module._read_archive(lying, "lying.zip", EventCodec(), None)
-    assert f"{member} inflates past {limit:,} bytes, though the zip directory says 10" in str(
+        lying: Any = LyingArchive(real, member, claimed=claimed)
+        bundle_module._open_bundle(lying, "lying.zip", ExportChecker(EventCodec()))
+    assert f"{member} inflates past the {claimed:,} bytes the zip directory says it holds" in str(
         info.value
     )
 
@@ -552,8 +548,9 @@ def test_a_bundle_read_from_a_path_is_checked_like_a_stream(
 ) -> None:
     _build(sqlite_url)
     path = write_zip(tmp_path / "b.zip", bundle_of_r1(Ctx(sqlite_url, "sqlite", tmp_path)))
-    monkeypatch.setattr(bundle_module, "MAX_BUNDLE_FILE_BYTES", 100)
-    with pytest.raises(BundleError, match="a bundle is at most 100"):
+    monkeypatch.setattr(bundle_module, "MAX_INFLATION", 1)
+    monkeypatch.setattr(bundle_module, "INFLATION_FLOOR_BYTES", 0)
+    with pytest.raises(BundleError, match="more than 1 times"):
         read_bundle(path, "b.zip", EventCodec())
 
 
@@ -701,7 +698,7 @@ def long_line(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         (
             "zip_bomb",
-            (f"{EVENTS} is 1,073,741,825 bytes uncompressed, says the zip directory",),
+            (f"{EVENTS} is 1,073,741,825 bytes uncompressed from ", "more than 200 times"),
         ),
         ("long_line", ("line 1: longer than 1,048,576 bytes",)),
     ],

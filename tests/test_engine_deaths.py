@@ -131,17 +131,19 @@ def test_an_actor_death_keeps_its_words() -> None:
 
 def test_stored_actor_deaths_are_the_bytes_they_were_and_read_as_actor_deaths() -> None:
     codec = EventCodec()
+    # As an older fleetledger stored them (with the id, before schema revision 0003),
+    # and as this one does: the same bytes after the id and type their columns hold.
     old_row = '{"id":"e-1","type":"actor_death_confirmed","shard":1,"error":"gone"}'
-    assert codec.encode(ActorDeathConfirmed(id="e-1", shard=1, error="gone"))[2] == old_row
+    old_fields = '{"shard":1,"error":"gone"}'
+    assert codec.encode(ActorDeathConfirmed(id="e-1", shard=1, error="gone"))[2] == old_fields
     read = codec.decode("r", 4, "actor_death_confirmed", 1, old_row)
     assert read == ActorDeathConfirmed(id="e-1", shard=1, error="gone", what="actor")
-    old_round = (
-        '{"id":"e-2","type":"probe_round","ok":[],"failed":[],"died":[{"shard":1,"error":""}]}'
-    )
+    assert codec.decode("r", 4, "actor_death_confirmed", 1, old_fields, "e-1") == read
+    old_round = '{"ok":[],"failed":[],"died":[{"shard":1,"error":""}]}'
     assert codec.encode(ProbeRound(id="e-2", died=(ProbeDeath(shard=1),)))[2] == old_round
     engine = ActorDeathConfirmed(id="e-3", shard=1, error="x", what="engine")
     assert codec.encode(engine)[2].endswith(',"what":"engine"}')
-    assert codec.decode("r", 5, *codec.encode(engine)) == engine
+    assert codec.decode("r", 5, *codec.encode(engine), engine.id) == engine
 
 
 @CHEAP_PROPERTY

@@ -133,7 +133,7 @@ def _assert_rows_read_back(log: EventLog, rows: list[tuple]) -> None:
     assert [(r.run, r.seq, r.event.id, r.at_us) for r in recorded] == [
         (run, seq, event_id, at_us) for run, seq, event_id, _, _, at_us, _ in rows
     ]
-    assert codec.encode(recorded[0].event)[2] == rows[0][6]
+    assert recorded[0].event.model_dump_json() == rows[0][6]  # the bytes as written
     assert [r.event for r in recorded[1:]] == [
         ProbeRound(id=rows[1][2], ok=(1,)),
         ProbeRound(id=rows[2][2], failed=(ProbeFailure(shard=0, kind="error", error="é ✓"),)),
@@ -160,6 +160,38 @@ def test_a_sqlite_ledger_at_0001_is_upgraded_on_open_and_keeps_its_rows(sqlite_u
     reopened = open_database(sqlite_url)
     reopened.dispose()
     assert reopened.upgraded_from is None
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_rows_with_and_without_their_ids_read_alike_and_pin_the_revision(backend, request):
+    """A ledger written before revision 0003 and appended to after it holds payloads in
+    both forms: each reads back as the event written, by id, in a fold and in an export;
+    and a downgrade that would hand the id-less rows to an older reader is refused."""
+    ledger_url = request.getfixturevalue(f"{backend}_url")
+    rows = _build_at_0001(ledger_url)
+    migrate(ledger_url)
+    with EventLog.open(ledger_url) as log:
+        later = [probe_ok(0), probe_ok(1), probe_ok(0)]
+        assert log.append("legacy", later) == [4, 5, 6]
+        stored = dump_tables(log.database.engine)["fleetledger_events"]
+        payloads = {row[1]: row[6] for row in stored}
+        assert all(payloads[seq].startswith('{"id":"') for seq in (1, 2, 3))
+        assert payloads[4] == payloads[6] == '{"ok":[0],"failed":[],"died":[]}'
+        read = list(log.read("legacy"))
+        assert [r.event.id for r in read] == [row[2] for row in rows] + [e.id for e in later]
+        assert [r.event for r in read[3:]] == later
+        folded = [r.event.ok for page in log.read_pages("legacy", ids=False) for r in page[1:]]
+        assert folded == [(1,), (), (0,), (1,), (0,)]
+    engine = _plain_engine(ledger_url)
+    try:
+        with pytest.raises(RuntimeError, match="seq 4 was stored without its id"):
+            with engine.begin() as conn:
+                command.downgrade(alembic_config(connection=conn), "0002")
+        assert _revision(engine) == head_revision()
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.postgres

@@ -65,9 +65,9 @@ def test_every_read_returns_what_each_row_decodes_to_alone(
         with EventLog.open(url) as log:  # a fresh codec: its cache starts empty
             stored = list(log.read_stored(RUN))
             alone = [
-                log.codec.decode(RUN, seq, type_, version, payload)
+                log.codec.decode(RUN, seq, type_, version, payload, event_id)
                 for page in stored
-                for seq, _at, _id, type_, version, payload in page
+                for seq, _at, event_id, type_, version, payload in page
             ]
             for _ in range(2):  # the second read meets a warm cache
                 read = list(log.read(RUN))

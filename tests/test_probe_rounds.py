@@ -50,7 +50,7 @@ from tests.legacy_rows import (
     insert_old_rows,
     probe_failed_v1,
     probe_ok_v1,
-    stored_form,
+    imported_form,
 )
 from tests.projection_builders import fleet_config
 
@@ -173,7 +173,7 @@ def test_per_shard_events_and_rounds_fold_to_the_same_view_after_every_round(
     import_old_run(log, old_run, old)
     # Stored as the old ledger held them: per-shard v1 rows, not rewritten as rounds.
     stored = [row[3:] for page in log.read_stored(old_run) for row in page]
-    assert stored == [stored_form(item) for item in old]
+    assert stored == [imported_form(item) for item in old]
     # Read back from the log, and folded after every step: the same fleet each time.
     for old_seq, new_seq in boundaries:
         old_view = fold(log.read(old_run, 0, old_seq))

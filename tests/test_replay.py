@@ -373,57 +373,66 @@ def test_history_transitions_and_epochs_are_the_folds(sqlite_url: str) -> None:
     assert not all(moved for *_, moved in memberships)  # the layout alone moved too
 
 
-# ── the progress bar ───────────────────────────────────────────────────────────
+# ── progress ───────────────────────────────────────────────────────────────────
 
 PROGRESS_SCRIPT = (
     "import sys\n"
-    "from fleetledger.cli import output\n"
-    "output.PROGRESS_DELAY_S = float(sys.argv[1])\n"
+    "from fleetledger.cli import progress\n"
+    "progress.SHOW_AFTER_S = float(sys.argv[1])\n"
     "from fleetledger.cli import main\n"
     "sys.argv = ['fleetledger', *sys.argv[2:]]\n"
     "main()\n"
 )
 
 
-def replay_command(delay_s: float, url: str) -> list[str]:
-    """``fleetledger replay DEMO --json`` with the progress bar's delay set to ``delay_s``."""
-    script = [sys.executable, "-c", PROGRESS_SCRIPT, str(delay_s)]
-    return [*script, "replay", DEMO_RUN, "--json", "--db", url]
+def with_progress_after(delay_s: float, *args: str) -> list[str]:
+    """``fleetledger ARGS`` with progress shown after ``delay_s`` (0: a small run shows it)."""
+    return [sys.executable, "-c", PROGRESS_SCRIPT, str(delay_s), *args]
 
 
-def replay_with_stderr_on_a_terminal(url: str, delay_s: float) -> tuple[str, str]:
-    """Run ``replay --json`` in a subprocess whose stderr is a pseudo-terminal.
-
-    Returns (stdout, what the terminal received). The delay is lowered to 0 so a small
-    run exercises the bar; stdout stays a pipe, as in ``replay --json > file``.
-    """
+def stderr_on_a_terminal(argv: list[str]) -> tuple[str, str]:
+    """Run ``argv`` with stderr on a pseudo-terminal and stdout on a pipe (as in
+    ``replay > file``); returns (stdout, what the terminal received, controls removed)."""
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
     env.pop("NO_COLOR", None)
-    status, stdout, received = run_with_a_terminal(
-        replay_command(delay_s, url), terminal="stderr", env=env
-    )
+    status, stdout, received = run_with_a_terminal(argv, terminal="stderr", env=env)
     assert status == 0, (stdout, received)
-    return stdout.decode(), received.decode(errors="replace")
+    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", received.decode(errors="replace"))
+    return stdout.decode(), drawn
 
 
-def test_progress_bar_is_drawn_on_a_terminal_stderr_and_never_on_stdout(demo_sqlite: str) -> None:
-    stdout, terminal = replay_with_stderr_on_a_terminal(demo_sqlite, 0.0)
-    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)  # colours and cursor moves
-    assert f"replaying {DEMO_RUN}" in drawn
-    assert f"{DEMO_EVENTS}/{DEMO_EVENTS} events" in drawn
-    assert "\x1b" not in stdout and "replaying" not in stdout
-    assert json_lines(stdout) == as_docs(expected_entries(demo_sqlite, DEMO_RUN))
+def test_progress_is_drawn_on_a_terminal_stderr_and_never_on_stdout(demo_sqlite: str) -> None:
+    stdout, drawn = stderr_on_a_terminal(
+        with_progress_after(0.0, "replay", DEMO_RUN, "--db", demo_sqlite)
+    )
+    assert f"replaying {DEMO_RUN}: " in drawn
+    assert re.search(rf"[0-9,]+ of {DEMO_EVENTS:,} events \([0-9]+%\) · [0-9,]+/s · ", drawn)
+    assert "replaying" not in stdout and "\x1b" not in stdout
+    assert f"run {DEMO_RUN}: seqs 1..{DEMO_EVENTS}" in stdout
 
 
-def test_no_progress_bar_for_a_fold_shorter_than_the_delay(demo_sqlite: str) -> None:
-    stdout, terminal = replay_with_stderr_on_a_terminal(demo_sqlite, 3600.0)
-    assert "replaying" not in terminal
-    assert json_lines(stdout) == as_docs(expected_entries(demo_sqlite, DEMO_RUN))
+@pytest.mark.parametrize(
+    ("delay_s", "args"),
+    [
+        (3600.0, ()),  # a fold shorter than the delay
+        (0.0, ("--json",)),  # --json is for a program: never progress
+    ],
+    ids=["shorter_than_the_delay", "json"],
+)
+def test_no_progress_for_a_short_fold_or_json(
+    demo_sqlite: str, delay_s: float, args: tuple[str, ...]
+) -> None:
+    stdout, drawn = stderr_on_a_terminal(
+        with_progress_after(delay_s, "replay", DEMO_RUN, "--db", demo_sqlite, *args)
+    )
+    assert "replaying" not in drawn
+    if args:
+        assert json_lines(stdout) == as_docs(expected_entries(demo_sqlite, DEMO_RUN))
 
 
-def test_no_progress_bar_when_stderr_is_not_a_terminal(demo_sqlite: str) -> None:
+def test_no_progress_when_stderr_is_not_a_terminal(demo_sqlite: str) -> None:
     proc = subprocess.run(
-        replay_command(0.0, demo_sqlite),
+        with_progress_after(0.0, "replay", DEMO_RUN, "--db", demo_sqlite),
         capture_output=True,
         text=True,
         timeout=120,
@@ -431,7 +440,7 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(demo_sqlite: str) -> None
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    assert json_lines(proc.stdout) == as_docs(expected_entries(demo_sqlite, DEMO_RUN))
+    assert f"run {DEMO_RUN}: seqs 1..{DEMO_EVENTS}" in proc.stdout
 
 
 def test_replay_piped_into_a_reader_that_stops_early_is_quiet(sqlite_url: str) -> None:

@@ -108,10 +108,30 @@ def test_a_page_is_the_rows_after_lo_up_to_hi_in_seq_order(ledger: OpenedStore) 
     assert page == [
         (s, 1000 + s, f"{RUN}-id-{s}", *_row(RUN, s)[3:5], _row(RUN, s)[6]) for s in (2, 3, 4)
     ]
+    # Without the id and the seq: row i of a page is seq lo + 1 + i.
     assert content == [
-        (s, at, type_, version, payload) for s, at, _id, type_, version, payload in page
+        (at, type_, version, payload) for _s, at, _id, type_, version, payload in page
     ]
     assert past_the_head == []
+
+
+def test_a_clashing_insert_writes_none_of_its_rows_and_the_transaction_goes_on(
+    ledger: OpenedStore,
+) -> None:
+    _store_run(ledger, RUN, 3)
+    sql = ledger.sql
+    clash = _row(RUN, 4)[:2] + (f"{RUN}-id-2",) + _row(RUN, 4)[3:]  # seq 2's id again
+    outcome: list[bool] = []
+
+    def body(conn: Any) -> None:
+        outcome.append(sql.insert_events_or_clash(conn, [_row(RUN, 4), clash]))
+        outcome.append(sql.insert_events_or_clash(conn, [_row(RUN, 4), _row(RUN, 5)]))
+
+    ledger.write(body)
+    assert outcome == [False, True]
+    with ledger.log.database.reading() as conn:
+        stored = [tuple(r)[:3] for r in sql.page(conn, RUN, 0, 10)]
+    assert stored == [(s, 1000 + s, f"{RUN}-id-{s}") for s in range(1, 6)]
 
 
 def test_point_lookups_and_listings(ledger: OpenedStore) -> None:

@@ -5,7 +5,9 @@
 
 import json
 import sys
+from contextlib import ExitStack
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -188,6 +190,7 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Write a run's stored events as JSON Lines, or a bundle (format: docs/events.md)."""
+    from fleetledger.cli.progress import progress_bar
     from fleetledger.events.bundle import write_bundle
     from fleetledger.events.jsonl import export_lines
     from fleetledger.projections.membership import membership_document
@@ -203,27 +206,31 @@ def export(
         if target is not None:
             check_output(target, protect)  # never the ledger itself
         # An unknown run fails here, before the target is touched; everything below is
-        # as of this one head, even if the run is live.
+        # as of this one head, even if the run is live. Pages are read, written and
+        # dropped one at a time: memory holds a page whatever the run's length.
         reader = RunReader(log, run)
-        pages = log.read_stored(run, 0, reader.head.seq)
-        if bundle is not None:
-            view = reader.view()
-            with whole_file(bundle, protect) as stream:
-                write_bundle(
-                    stream, run, pages, view.config, membership_document(view), name=str(bundle)
-                )
-            return
-        # The stored payloads as they are, but for controls a terminal would act on.
-        lines = map(json_text_safe, export_lines(run, pages))
-        if output is None:
-            with stdout_may_close():  # `export RUN | head` ends quietly
+        head = reader.head.seq
+        what = f"{'bundling' if bundle is not None else 'exporting'} {run}"
+        with progress_bar(what, head) as progress:
+            pages = progress.count_pages(log.read_stored(run, 0, head))
+            if bundle is not None:
+                view = reader.view()
+                with whole_file(bundle, protect) as stream:
+                    write_bundle(
+                        stream, run, pages, view.config, membership_document(view), name=str(bundle)
+                    )
+                return
+            # The stored payloads as they are, but for controls a terminal would act on.
+            lines = map(json_text_safe, export_lines(run, pages))
+            if output is None:
+                with stdout_may_close():  # `export RUN | head` ends quietly
+                    for line in lines:
+                        sys.stdout.write(line + "\n")
+                    sys.stdout.flush()
+                return
+            with whole_file(output, protect) as stream:
                 for line in lines:
-                    sys.stdout.write(line + "\n")
-                sys.stdout.flush()
-            return
-        with whole_file(output, protect) as stream:
-            for line in lines:
-                stream.write((line + "\n").encode("utf-8"))
+                    stream.write((line + "\n").encode("utf-8"))
 
 
 def snapshot_imported(log: "EventLog", run: str) -> "FleetView":
@@ -267,9 +274,12 @@ def import_(
     db: DbOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Import an exported run or a bundle (told apart by content). All checked, then written."""
-    from fleetledger.events.bundle import read_import
+    """Import an exported run or a bundle (told apart by content): every line checked,
+    nothing kept unless all pass."""
+    from fleetledger.cli.progress import Total, lines_of, progress_bar
+    from fleetledger.events.bundle import open_import
     from fleetledger.projections.membership import membership_document
+    from fleetledger.store.errors import ImportedIdTwice
     from fleetledger.store.records import check_run_id
 
     if run is not None:  # checked before anything is opened; '' is not "no --run"
@@ -278,15 +288,20 @@ def import_(
         except AppendRejected as exc:
             raise _fail(f"--run {run!r}: {exc.problem}") from None
     source = "<stdin>" if str(file) == "-" else str(file)
-    with open_log(db, mode="write") as log:
-        if str(file) == "-":
-            imported = read_import(sys.stdin.buffer, source, log.codec, run)
-        else:
-            with file.open("rb") as fh:
-                imported = read_import(fh, source, log.codec, run)
-        parsed, bundle = imported.parsed, imported.bundle
-        log.import_run(parsed.run, parsed.rows)
-        view = snapshot_imported(log, parsed.run)
+    with ExitStack() as stack:
+        log = stack.enter_context(open_log(db, mode="write"))
+        stream = sys.stdin.buffer if str(file) == "-" else stack.enter_context(file.open("rb"))
+        opened = stack.enter_context(open_import(stream, source, log.codec, run))
+        bundle = opened.bundle
+        total: Total = opened.lines
+        if total is None and str(file) != "-":
+            total = partial(lines_of, str(file))  # counted only if the bar is shown
+        with progress_bar("import", total, quiet=as_json) as progress:
+            try:
+                events = log.import_run(opened.run, progress.count(opened.rows))
+            except ImportedIdTwice as exc:
+                raise opened.id_twice(exc.event_id, exc.seq, exc.first_seq) from None
+        view = snapshot_imported(log, opened.run)
     if bundle is not None:
         # The events are verified; a summary that disagrees with this version's fold
         # means the fold's rules changed since the bundle was written. Say so.
@@ -302,19 +317,19 @@ def import_(
                 err=True,
             )
     if as_json:
-        doc = {"run": parsed.run, "events": len(parsed.rows), "epoch": view.epoch}
+        doc = {"run": opened.run, "events": events, "epoch": view.epoch}
         if bundle is not None:
             doc["bundle"] = bundle.manifest.as_dict()
         print_json(doc)
     elif bundle is not None:
         m = bundle.manifest
         say(
-            f"imported {len(parsed.rows)} events as run {parsed.run} from bundle {source} "
+            f"imported {events} events as run {opened.run} from bundle {source} "
             f"(format {m.format_version}, run {m.run}, written {m.created} by fleetledger "
             f"{m.fleetledger_version})"
         )
     else:
-        say(f"imported {len(parsed.rows)} events as run {parsed.run}")
+        say(f"imported {events} events as run {opened.run}")
 
 
 # ── demo ───────────────────────────────────────────────────────────────────────

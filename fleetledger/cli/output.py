@@ -24,11 +24,9 @@ import os
 import re
 import stat
 import sys
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import typer
@@ -37,7 +35,6 @@ from fleetledger.errors import FleetledgerError
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
     from rich.table import Table
     from rich.text import Text
 
@@ -46,8 +43,6 @@ if TYPE_CHECKING:
 # rich is imported where text is printed (a message, a table, a progress bar), not when
 # the CLI starts: ``--json``, ``--version`` and ``--help`` never load it.
 
-# A fold shorter than this shows no progress bar: it would only flicker.
-PROGRESS_DELAY_S = 1.0
 # Off a terminal (a pipe, a file) lines are not wrapped: one entry, one line, for grep.
 UNWRAPPED_WIDTH = 100_000
 
@@ -386,71 +381,3 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-class FoldProgress:
-    """A transient progress bar on stderr for a fold long enough to wonder about.
-
-    It appears only once ``delay_s`` has passed, and only when stderr is a terminal: a
-    pipe or a log file gets no bar, and stdout never does (it carries the answer). rich
-    is loaded only once the delay has passed: a short fold never imports it.
-    """
-
-    def __init__(self, label: str, *, delay_s: float | None = None) -> None:
-        self.label = label
-        self.delay_s = PROGRESS_DELAY_S if delay_s is None else delay_s
-        self._console: Console | None = None
-        self._began = time.monotonic()
-        self._progress: Progress | None = None
-        self._task = 0  # the progress bar's one task, once it is shown
-
-    @property
-    def console(self) -> Console:
-        """The console the bar would be drawn on: stderr's."""
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=True)
-        return self._console
-
-    def update(self, done: int, total: int) -> None:
-        if self._progress is None:
-            if time.monotonic() - self._began < self.delay_s or not self.console.is_terminal:
-                return
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("{task.description}", markup=False),  # run ids are not markup
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("events"),
-                TimeElapsedColumn(),
-                console=self.console,
-                transient=True,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._task = self._progress.add_task(self.label, total=total)
-            self._progress.start()
-        self._progress.update(self._task, completed=done, total=total)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def __enter__(self) -> FoldProgress:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -18,7 +18,6 @@ import typer
 from fleetledger.cli.app import DbOption, JsonOption, app, cli_errors, open_log
 from fleetledger.cli.output import (
     CommandLineError,
-    FoldProgress,
     safe_text,
     say,
     stdout_console,
@@ -26,6 +25,7 @@ from fleetledger.cli.output import (
     write_json_lines,
 )
 from fleetledger.cli.paused_gc import paused_gc
+from fleetledger.cli.progress import progress_bar
 
 # Option defaults and help, without importing the read side (cli.app: each command
 # imports what it uses when it runs). Held to the queries' own values by a test.
@@ -81,7 +81,7 @@ def replay(
         config = reader.config
         if shard is not None:
             reader.check_shard(shard, "--shard")
-        with FoldProgress(f"replaying {run}") as progress, paused_gc():
+        with progress_bar(f"replaying {run}", None, quiet=as_json) as progress, paused_gc():
             entries = list(
                 reader.history(
                     from_seq=1 if from_seq is None else from_seq,

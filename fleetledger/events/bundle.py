@@ -21,15 +21,18 @@ Reading rules, and why:
 - The format version is checked before anything else in the manifest, because a newer
   format may have changed everything but those two keys; a newer bundle is refused with
   both versions and the advice to upgrade, never read half-right.
-- Everything is checked before anything is written: the archive's own CRCs, the events'
-  SHA-256 and count against the manifest, every event line (the import rule of
-  :func:`fleetledger.events.jsonl.parse_export`), the config against the run's
-  ``run_started`` and the summary's counts against the events. The caller writes only
-  what :func:`read_import` returns.
-- Reading is bounded, because a bundle comes from someone else: the file's size, the
-  directory's member count and size, each member's size and their sum, checked against
-  the zip directory before zipfile reads it and again as members inflate, and JSON as
-  strict as an event line's (limits in docs/events.md, "Limits").
+- Everything is checked, and nothing is kept unless all of it passes: the archive's own
+  CRCs, the events' SHA-256 and count against the manifest (before any row is read),
+  every event line (the import rule, :class:`~fleetledger.events.jsonl.ExportChecker`),
+  the config against the run's ``run_started`` and the summary's counts against the
+  events. The rows come out as they are checked (:func:`open_import`), so a run of any
+  size is written a page at a time, in one transaction that a refusal rolls back.
+- Reading is bounded, because a bundle comes from someone else, but never by the run's
+  size: the directory's member count and size are checked before zipfile reads it; a
+  member may inflate only to what the directory says, and the directory may say only
+  :data:`MAX_INFLATION` times what a member takes in the file (a zip bomb's thousandfold
+  is refused before a byte of it inflates); the JSON documents are small and parsed as
+  strictly as an event line (limits in docs/events.md, "Limits").
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import zipfile
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,15 +64,15 @@ from fleetledger.events.codec import (
     describe_validation_error,
     load_json,
 )
-from fleetledger.events.errors import EventDecodeError, ImportFileError, LedgerError
+from fleetledger.events.errors import ImportFileError, LedgerError
 from fleetledger.events.jsonl import (
-    MAX_EXPORT_BYTES,
-    ParsedRun,
+    ExportChecker,
+    ImportRow,
     export_lines,
-    parse_export,
+    id_twice,
     read_lines,
 )
-from fleetledger.events.models import FleetConfig, RunStarted, iso_at, us_from_datetime
+from fleetledger.events.models import FleetConfig, iso_at, us_from_datetime
 
 BUNDLE_FORMAT = "fleetledger-bundle"
 BUNDLE_FORMAT_VERSION = 1
@@ -129,19 +133,49 @@ class BundleManifest:
 
 @dataclass(frozen=True)
 class Bundle:
-    """What a bundle holds besides its events (which come back as a ``ParsedRun``)."""
+    """What a bundle holds besides its events (which come out as rows, ``ImportFile``)."""
 
     manifest: BundleManifest
     config: FleetConfig
     summary: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Imported:
-    """An import file, fully checked: the rows to write, and the bundle if it was one."""
+class ImportFile:
+    """An import file opened and checked as far as it can be before its rows are read:
+    a bundle's manifest, digest, config and first line; a plain export's first line.
 
-    parsed: ParsedRun
-    bundle: Bundle | None
+    ``rows`` checks the rest as it is pulled: the caller writes each as it comes, inside
+    one transaction, and anything raised (a line refused, a bundle's summary that
+    disagrees, found at the end) must roll the write back. ``line_error`` is how a
+    problem found while writing (an id on two lines) names its line in this file.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        checker: ExportChecker,
+        rows: Iterator[ImportRow],
+        bundle: Bundle | None,
+        lines: int | None,
+    ) -> None:
+        self.source = source
+        self.checker = checker
+        self.rows = rows
+        self.bundle = bundle
+        self.lines = lines
+
+    @property
+    def run(self) -> str:
+        """The run the rows are written to (``--run``, else the file's)."""
+        return self.checker.run
+
+    def line_error(self, line: int, problem: str) -> LedgerError:
+        if self.bundle is None:
+            return ImportFileError(line, problem)
+        return BundleError(self.source, f"{EVENTS} line {line}: {problem}")
+
+    def id_twice(self, event_id: str, line: int, first_line: int) -> LedgerError:
+        return self.line_error(line, id_twice(event_id, first_line))
 
 
 # ── writing ────────────────────────────────────────────────────────────────────
@@ -228,17 +262,18 @@ def looks_like_bundle(head: bytes) -> bool:
     return head[:SNIFF_BYTES] in ZIP_MAGIC
 
 
-# What one import reads of a bundle, at most (docs/events.md, "Limits"). A zip archive
-# states its members' sizes in its directory, but a directory can lie and 400 KB can
-# inflate to gigabytes: a member's size is checked against the directory before it is
-# opened, and again on the bytes as they inflate.
+# What one import reads of a bundle's directory and documents, at most (docs/events.md,
+# "Limits"). A zip archive states its members' sizes in its directory, but a directory
+# can lie and 400 KB can inflate to gigabytes: a member's stated size is held to its
+# compressed size before it is opened, and its bytes to its stated size as they inflate.
 MAX_MEMBERS = 64
 MAX_DIRECTORY_BYTES = 1 << 20  # the zip's central directory, which zipfile reads whole
 MAX_DOCUMENT_BYTES = 2 << 20  # manifest.json, config.json, summary.json: parsed whole
-MAX_MEMBER_BYTES = MAX_EXPORT_BYTES  # events.jsonl, and members this version ignores
-MAX_BUNDLE_BYTES = 80 << 20  # every member together, uncompressed
-# The file itself: every member stored (not deflated), plus headers and the directory.
-MAX_BUNDLE_FILE_BYTES = MAX_BUNDLE_BYTES + MAX_DIRECTORY_BYTES
+# The most a member may inflate to, as a multiple of what it takes in the file. An
+# export deflates ~10-15 fold (a week of a 256-shard fleet: docs/events.md, Limits); a
+# zip bomb's member a thousandfold. A member that small inflates to little either way.
+MAX_INFLATION = 200
+INFLATION_FLOOR_BYTES = 1 << 20
 DOCUMENTS = (MANIFEST, CONFIG, SUMMARY)
 _METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
 # The end-of-central-directory record, and the zip64 locator and record before it.
@@ -247,46 +282,43 @@ _END64_LOCATOR = struct.Struct("<4sLQL")
 _END64 = struct.Struct("<4sQ2H2L4Q")
 
 
-def read_import(
+@contextmanager
+def open_import(
     stream: IO[bytes], source: str, codec: EventCodec, rename_to: str | None = None
-) -> Imported:
-    """Check a whole import file — a bundle or a JSON Lines export — and return its rows.
+) -> Iterator[ImportFile]:
+    """An import file — a bundle or a JSON Lines export, told apart by its first bytes —
+    checked as far as it can be before its rows are read (:class:`ImportFile`).
 
-    The kind is told from the first bytes. A bundle on a stream that cannot seek (stdin)
-    is first copied to an anonymous temporary file, because a zip archive is read from
-    its end; memory holds no more of it than of a bundle read from a file.
+    A bundle on a stream that cannot seek (stdin) is first copied to an anonymous
+    temporary file, because a zip archive is read from its end; memory holds a chunk of
+    it at a time either way.
     """
     head = stream.read(SNIFF_BYTES)
-    if looks_like_bundle(head):
-        if stream.seekable():
-            stream.seek(0)
-            return read_bundle(stream, source, codec, rename_to)
-        with tempfile.TemporaryFile() as spool:
-            _spool(head, stream, spool, source)
-            return read_bundle(spool, source, codec, rename_to)
-    if source.lower().endswith(".zip"):
-        raise BundleError(
-            source,
-            "named like a bundle, but it is not a zip archive (a bundle is what "
-            "`fleetledger export RUN --bundle FILE` writes); the file is damaged or "
-            "something else",
-        )
-    return Imported(parse_export(read_lines(stream, head=head), codec, rename_to), None)
-
-
-def _spool(head: bytes, stream: IO[bytes], spool: IO[bytes], source: str) -> None:
-    spool.write(head)
-    size = len(head)
-    while chunk := stream.read(1 << 20):
-        size += len(chunk)
-        if size > MAX_BUNDLE_FILE_BYTES:
+    checker = ExportChecker(codec, rename_to)
+    if not looks_like_bundle(head):
+        if source.lower().endswith(".zip"):
             raise BundleError(
                 source,
-                f"the bundle goes on past {MAX_BUNDLE_FILE_BYTES:,} bytes, the largest file "
-                "one import reads (docs/events.md, Limits); nothing was imported",
+                "named like a bundle, but it is not a zip archive (a bundle is what "
+                "`fleetledger export RUN --bundle FILE` writes); the file is damaged or "
+                "something else",
             )
-        spool.write(chunk)
-    spool.seek(0)
+        rows = checker.rows(read_lines(stream, head=head))
+        first = next(rows, None)  # the run's name, before anything is written
+        yield ImportFile(source, checker, _chain_first(first, rows), None, None)
+        return
+    with ExitStack() as stack:
+        if stream.seekable():
+            stream.seek(0)
+            archive_stream = stream
+        else:
+            archive_stream = stack.enter_context(tempfile.TemporaryFile())
+            _spool(head, stream, archive_stream)
+        with _archive_errors(source):
+            _check_extent(archive_stream, source)
+            archive = stack.enter_context(zipfile.ZipFile(archive_stream))
+            opened = _open_bundle(archive, source, checker)
+        yield opened
 
 
 def read_bundle(
@@ -294,15 +326,35 @@ def read_bundle(
     source: str,
     codec: EventCodec,
     rename_to: str | None = None,
-) -> Imported:
-    """Check every part of a bundle; raises :class:`BundleError` naming the first problem."""
+) -> tuple[Bundle, list[ImportRow]]:
+    """Check every part of a small bundle and hold its rows (for tests and tools that
+    want a bundle's events in hand; the import command writes them as they come)."""
     if isinstance(archive_source, Path):
         with archive_source.open("rb") as stream:
             return read_bundle(stream, source, codec, rename_to)
+    with open_import(archive_source, source, codec, rename_to) as opened:
+        if opened.bundle is None:
+            raise BundleError(source, "not a bundle (a zip archive holding manifest.json)")
+        rows = list(opened.rows)
+        seen: dict[str, int] = {}
+        for row in rows:
+            first = seen.setdefault(row.event_id, row.seq)
+            if first != row.seq:
+                raise opened.id_twice(row.event_id, row.seq, first)
+        return opened.bundle, rows
+
+
+def _chain_first(first: ImportRow | None, rest: Iterator[ImportRow]) -> Iterator[ImportRow]:
+    if first is not None:
+        yield first
+    yield from rest
+
+
+@contextmanager
+def _archive_errors(source: str) -> Iterator[None]:
+    """What zipfile and zlib raise for a damaged archive, as one line about the bundle."""
     try:
-        _check_extent(archive_source, source)
-        with zipfile.ZipFile(archive_source) as archive:
-            return _read_archive(archive, source, codec, rename_to)
+        yield
     except _ARCHIVE_ERRORS as exc:
         raise BundleError(
             source,
@@ -311,16 +363,17 @@ def read_bundle(
         ) from None
 
 
+def _spool(head: bytes, stream: IO[bytes], spool: IO[bytes]) -> None:
+    spool.write(head)
+    while chunk := stream.read(1 << 20):
+        spool.write(chunk)
+    spool.seek(0)
+
+
 def _check_extent(stream: IO[bytes], source: str) -> None:
-    """Refuse a file too large to be a bundle, or one whose directory is, before zipfile
-    reads that directory whole (and makes an object of each of its entries)."""
+    """Refuse a file whose directory is too large to be a bundle's, before zipfile reads
+    that directory whole (and makes an object of each of its entries)."""
     size = stream.seek(0, io.SEEK_END)
-    if size > MAX_BUNDLE_FILE_BYTES:
-        raise BundleError(
-            source,
-            f"the file is {size:,} bytes; a bundle is at most {MAX_BUNDLE_FILE_BYTES:,} "
-            "(docs/events.md, Limits); nothing was imported",
-        )
     end = _end_of_directory(stream, size)
     if end is not None:
         members, directory = end
@@ -362,9 +415,8 @@ def _end_of_directory(stream: IO[bytes], size: int) -> tuple[int, int] | None:
     return members, directory
 
 
-def _read_archive(
-    archive: zipfile.ZipFile, source: str, codec: EventCodec, rename_to: str | None
-) -> Imported:
+def _open_bundle(archive: zipfile.ZipFile, source: str, checker: ExportChecker) -> ImportFile:
+    """Everything of a bundle that can be checked before its rows are read, and the rows."""
     infos = archive.infolist()
     names = Counter(info.filename for info in infos)
     if len(infos) > MAX_MEMBERS:
@@ -392,13 +444,16 @@ def _read_archive(
         raise BundleError(source, f"the bundle lacks {', '.join(missing)}")
     _check_sizes(infos, source)
 
+    # The digest and the count first, in a pass of their own: a line refused in a bundle
+    # whose events were changed after it was written is the change, not the line.
     digest = hashlib.sha256()
     lines = size = 0
+    events_size = archive.getinfo(EVENTS).file_size
     with _open_member(archive, EVENTS, source) as member:  # its CRC is checked at its end
         for chunk in iter(lambda: member.read(1 << 20), b""):
             size += len(chunk)
-            if size > MAX_MEMBER_BYTES:
-                raise _inflates_past(archive, EVENTS, MAX_MEMBER_BYTES, source)
+            if size > events_size:
+                raise _inflates_past(EVENTS, events_size, source)
             digest.update(chunk)
             lines += chunk.count(b"\n")
     if digest.hexdigest() != manifest.events_sha256:
@@ -415,46 +470,73 @@ def _read_archive(
             "nothing was imported",
         )
 
-    with _open_member(archive, EVENTS, source) as member:
-        try:
-            parsed = parse_export(read_lines(member, limit=MAX_MEMBER_BYTES), codec)
-        except ImportFileError as exc:
-            raise BundleError(source, f"{EVENTS} line {exc.line}: {exc.problem}") from None
-    if parsed.run != manifest.run:
+    member = _open_member(archive, EVENTS, source)
+    rows = _bundle_rows(checker.rows(read_lines(member)), source)
+    first = next(rows)  # the manifest says the member holds a line
+    if checker.lines_run != manifest.run:
         raise BundleError(
             source,
             f"{MANIFEST} names run {cut(repr(manifest.run))}, but {EVENTS} holds run "
-            f"{cut(repr(parsed.run))}",
+            f"{cut(repr(checker.lines_run))}",
         )
-
-    config = _config(archive, source, codec, parsed)
+    config = _config(archive, source, checker, first)
     summary = _json_member(archive, SUMMARY, source)
-    _check_summary(summary, parsed, source)
-    run = parsed.run if rename_to is None else rename_to
-    return Imported(ParsedRun(run, parsed.rows), Bundle(manifest, config, summary))
+    by_type = _summary_counts(summary, source)
+    bundle = Bundle(manifest, config, summary)
+    checked = _checked_to_the_end(first, rows, checker, by_type, source, member)
+    return ImportFile(source, checker, checked, bundle, manifest.events)
 
 
-def _limit(name: str) -> int:
-    return MAX_DOCUMENT_BYTES if name in DOCUMENTS else MAX_MEMBER_BYTES
+def _bundle_rows(rows: Iterator[ImportRow], source: str) -> Iterator[ImportRow]:
+    """A bundle's rows, a refused line named as the bundle's member's."""
+    try:
+        with _archive_errors(source):
+            yield from rows
+    except ImportFileError as exc:
+        raise BundleError(source, f"{EVENTS} line {exc.line}: {exc.problem}") from None
+
+
+def _checked_to_the_end(
+    first: ImportRow,
+    rows: Iterator[ImportRow],
+    checker: ExportChecker,
+    by_type: dict[str, Any],
+    source: str,
+    member: IO[bytes],
+) -> Iterator[ImportRow]:
+    """The rows, and after the last one the summary's counts held to them."""
+    with member:
+        yield first
+        yield from rows
+    if by_type != dict(checker.by_type):
+        raise BundleError(
+            source,
+            f"{SUMMARY} counts events by type as {cut(str(by_type))}, but {EVENTS} holds "
+            f"{dict(sorted(checker.by_type.items()))}",
+        )
 
 
 def _check_sizes(infos: list[zipfile.ZipInfo], source: str) -> None:
-    """Every member's size, and their sum, as the zip directory states them."""
+    """Every member's size as the zip directory states it: a document's at most
+    ``MAX_DOCUMENT_BYTES``, any member's at most ``MAX_INFLATION`` times its compressed
+    size (above ``INFLATION_FLOOR_BYTES``)."""
     for info in infos:
-        if info.file_size > _limit(info.filename):
+        name = cut(info.filename)
+        if info.filename in DOCUMENTS and info.file_size > MAX_DOCUMENT_BYTES:
             raise BundleError(
                 source,
-                f"{cut(info.filename)} is {info.file_size:,} bytes uncompressed, says the zip "
-                f"directory; a bundle's {cut(info.filename)} is at most "
-                f"{_limit(info.filename):,} (docs/events.md, Limits); nothing was imported",
+                f"{name} is {info.file_size:,} bytes uncompressed, says the zip directory; "
+                f"a bundle's {name} is at most {MAX_DOCUMENT_BYTES:,} (docs/events.md, "
+                "Limits); nothing was imported",
             )
-    total = sum(info.file_size for info in infos)
-    if total > MAX_BUNDLE_BYTES:
-        raise BundleError(
-            source,
-            f"the members are {total:,} bytes uncompressed, says the zip directory; a bundle "
-            f"holds at most {MAX_BUNDLE_BYTES:,} (docs/events.md, Limits); nothing was imported",
-        )
+        if info.file_size > max(INFLATION_FLOOR_BYTES, MAX_INFLATION * info.compress_size):
+            raise BundleError(
+                source,
+                f"{name} is {info.file_size:,} bytes uncompressed from {info.compress_size:,} "
+                f"in the file, says the zip directory: more than {MAX_INFLATION} times, which "
+                "no export deflates to; a zip bomb or a damaged archive (docs/events.md, "
+                "Limits); nothing was imported",
+            )
 
 
 def _open_member(archive: zipfile.ZipFile, name: str, source: str) -> IO[bytes]:
@@ -470,20 +552,20 @@ def _open_member(archive: zipfile.ZipFile, name: str, source: str) -> IO[bytes]:
     return archive.open(info)
 
 
-def _inflates_past(archive: zipfile.ZipFile, name: str, limit: int, source: str) -> BundleError:
+def _inflates_past(name: str, stated: int, source: str) -> BundleError:
     return BundleError(
         source,
-        f"{name} inflates past {limit:,} bytes, though the zip directory says "
-        f"{archive.getinfo(name).file_size:,}: the archive is damaged or made to mislead; "
-        "nothing was imported",
+        f"{name} inflates past the {stated:,} bytes the zip directory says it holds: the "
+        "archive is damaged or made to mislead; nothing was imported",
     )
 
 
 def _json_member(archive: zipfile.ZipFile, name: str, source: str) -> dict[str, Any]:
-    with _open_member(archive, name, source) as member:
-        data = member.read(MAX_DOCUMENT_BYTES + 1)
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise _inflates_past(archive, name, MAX_DOCUMENT_BYTES, source)
+    stated = archive.getinfo(name).file_size
+    with _open_member(archive, name, source) as member:  # stated <= MAX_DOCUMENT_BYTES
+        data = member.read(stated + 1)
+    if len(data) > stated:
+        raise _inflates_past(name, stated, source)
     try:
         doc = load_json(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -544,7 +626,7 @@ def _manifest(doc: dict[str, Any], source: str) -> BundleManifest:
 
 
 def _config(
-    archive: zipfile.ZipFile, source: str, codec: EventCodec, parsed: ParsedRun
+    archive: zipfile.ZipFile, source: str, checker: ExportChecker, first: ImportRow
 ) -> FleetConfig:
     doc = _json_member(archive, CONFIG, source)
     try:
@@ -553,32 +635,20 @@ def _config(
         raise BundleError(
             source, f"{CONFIG} is not a fleet configuration: {describe_validation_error(exc)}"
         ) from None
-    first = parsed.rows[0]
-    try:
-        started = codec.decode(
-            parsed.run, first.seq, first.type, first.schema_version, first.payload
-        )
-    except EventDecodeError as exc:  # parse_export accepted it: only a codec change gets here
-        raise BundleError(source, str(exc)) from None
-    if not isinstance(started, RunStarted):  # parse_export checked it: only a codec change
+    if checker.config is None:  # the checker refuses a first line that is not run_started
         raise BundleError(source, f"the run's first event is {first.type!r}, not run_started")
-    if started.config != config:
+    if checker.config != config:
         raise BundleError(
             source, f"{CONFIG} differs from the configuration in the run's run_started event"
         )
     return config
 
 
-def _check_summary(summary: dict[str, Any], parsed: ParsedRun, source: str) -> None:
+def _summary_counts(summary: dict[str, Any], source: str) -> dict[str, Any]:
+    """The summary's count of events by type (held to the rows once they are all read)."""
     by_type = summary.get("events_by_type")
     if not isinstance(summary.get("membership"), dict) or not isinstance(by_type, dict):
         raise BundleError(
             source, f"{SUMMARY} must hold a 'membership' object and an 'events_by_type' object"
         )
-    actual = Counter(row.type for row in parsed.rows)
-    if by_type != dict(actual):
-        raise BundleError(
-            source,
-            f"{SUMMARY} counts events by type as {cut(str(by_type))}, but {EVENTS} holds "
-            f"{dict(sorted(actual.items()))}",
-        )
+    return by_type

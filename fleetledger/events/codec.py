@@ -44,13 +44,20 @@ UPCASTERS: dict[tuple[str, int], Upcaster] = {**PROBE_V1_UPCASTERS}
 
 # One row of the events table as read: (seq, at_us, event_id, type, schema_version, payload).
 StoredRow = tuple[int, int, str, str, int, str]
-# The same for a fold, without the id: (seq, at_us, type, schema_version, payload).
-ContentRow = tuple[int, int, str, int, str]
+# The same for a fold, without the id, and without the seq (a page of rows is read by a
+# range of seqs and holds every seq of it, so row i of a page is its first seq + i):
+# (at_us, type, schema_version, payload).
+ContentRow = tuple[int, str, int, str]
+# The fields a stored payload leaves out: each has its own column (``event_id``,
+# ``type``). Rows written before schema revision 0003 hold both (``OLD_FORM_OPENING``).
+NOT_IN_PAYLOAD = frozenset({"id", "type"})
 # Repeated payloads a codec keeps decoded (see ``EventCodec.decode_rows``): a long run
 # repeats a handful (a probe of each shard, a healthy round); a payload seen once (an
 # adapter window) is not kept, and a run of many distinct repeats empties it when full.
 TEMPLATE_CACHE_SIZE = 4096
-_ID_OPENING = '{"id":"'
+# How a payload stored with its id begins (every row written before schema revision
+# 0003). A payload stored without it never does: its first key is a field of the event.
+OLD_FORM_OPENING = '{"id":"'
 # The row type and version a cached payload was read as, and its event without an id.
 _Template = tuple[str, int, Event]
 
@@ -213,14 +220,33 @@ class EventCodec:
         return self._types
 
     def encode(self, event: Event) -> tuple[str, int, str]:
+        """(type, schema version, stored payload): the event's JSON without its id and
+        type, which the row holds in columns of their own.
+
+        Story: with the id inside, no two payloads were alike, so a reader cut each
+        payload at its id before it could see a repeat, and a million rows carried a
+        million copies of ids their own column already held (a quarter of a probe row).
+        Without it, the payload of a repeated fact is byte-identical to the last one's.
+        """
         cls = self._types.get(event.type)
         if cls is None or not isinstance(event, cls):
             raise TypeError(f"{type(event).__name__} is not a registered event type")
-        # ``model_dump_json()``'s own output, without its per-call argument handling.
-        return event.type, cls.SCHEMA_VERSION, cls.__pydantic_serializer__.to_json(event).decode()
+        return event.type, cls.SCHEMA_VERSION, stored_payload(cls, event)
 
-    def decode(self, run: str, seq: int | None, type_: str, version: int, payload: Any) -> Event:
+    def decode(
+        self,
+        run: str,
+        seq: int | None,
+        type_: str,
+        version: int,
+        payload: Any,
+        event_id: str | None = None,
+    ) -> Event:
         """Decode one stored payload (a JSON string or an already-parsed dict).
+
+        ``event_id`` is the row's: a payload stored without its id gets it; one stored
+        with an id must hold this one. Without ``event_id``, an id-less payload decodes
+        to an event with a fresh id (a fold never reads ids).
 
         From the row's (type, version), upcasters lift the payload one version at a time
         — across a change of type where one says so (a v1 ``probe_succeeded`` becomes a
@@ -265,6 +291,12 @@ class EventCodec:
                 run, seq, f"payload says type {data.get('type')!r} but the row says {type_!r}"
             )
         data["type"] = type_
+        if event_id is not None:
+            held = data.setdefault("id", event_id)
+            if held != event_id:
+                raise EventDecodeError(
+                    run, seq, f"payload id {cut(repr(held))} is not the row's id {event_id!r}"
+                )
         now, at = type_, version  # what the payload is as lifted so far
         while cls is None or at != cls.SCHEMA_VERSION:
             upcaster = self._upcasters.get((now, at))
@@ -313,12 +345,12 @@ class EventCodec:
         if (type_, version, payload) == fresh:
             return None
         if type_ == fresh[0]:
-            stored = self.decode(run, seq, type_, version, payload)
+            stored = self.decode(run, seq, type_, version, payload, event.id)
         else:
             # Another type is still the same event when the row is read as this type (a
             # lifted old row); one that is read as another, or not at all, is not.
             try:
-                stored = self.decode(run, seq, type_, version, payload)
+                stored = self.decode(run, seq, type_, version, payload, event.id)
             except EventDecodeError:
                 return f"a {type_!r} event, not {fresh[0]!r}"
             if stored.type != fresh[0]:
@@ -336,59 +368,82 @@ class EventCodec:
 
         Validation is complete where data enters (``append`` encodes a validated event;
         an import decodes every line through :meth:`decode`); a stored row is read back
-        as what was validated. Most rows of a long run repeat a payload but for its id
-        (the same shard answered again, the same healthy round), so the id comes from
-        the row's ``event_id`` column and the rest of the payload is the key of a cache
-        of validated events: a repeat costs a lookup and a copy with the row's id. A
-        payload that does not open with the row's own id (written by other code, or
-        damaged) is decoded on its own through :meth:`decode`, which names its seq when
-        it fails.
+        as what was validated. Most rows of a long run repeat a payload (the same shard
+        answered again, the same healthy round), and a payload holds no id (the row's
+        ``event_id`` column does), so the payload is the key of a cache of validated
+        events: a repeat costs a lookup and a copy with the row's id. A payload the cache
+        lacks goes through :meth:`_row_of`.
         """
         templates = self._templates
         out: list[RecordedEvent] = []
         append = out.append
         recorded = tuple.__new__  # RecordedEvent's own __new__ is a Python function
         for seq, at_us, event_id, type_, version, payload in rows:
-            if payload.startswith(_ID_OPENING) and payload.startswith(event_id, 7):
-                rest = payload[len(event_id) + 7 :]
-                template = templates.get(rest)
-                if template is None or template[0] != type_ or template[1] != version:
-                    event = self._first_of(run, seq, event_id, type_, version, payload)
-                    self._remember(rest, type_, version, event)
-                else:
-                    event = _with_id(template[2], event_id)
+            template = templates.get(payload)
+            if template is None or template[0] != type_ or template[1] != version:
+                event = self._row_of(run, seq, event_id, type_, version, payload)
             else:
-                event = self._first_of(run, seq, event_id, type_, version, payload)
+                event = _with_id(template[2], event_id)
             append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
 
-    def decode_contents(self, run: str, rows: Sequence[ContentRow]) -> list[RecordedEvent]:
-        """Decode a page of rows for a fold, which reads what events say, never their ids.
+    def _row_of(
+        self, run: str, seq: int, event_id: str, type_: str, version: int, payload: str
+    ) -> Event:
+        """A row whose payload the cache does not hold as it is: a payload stored with its
+        id (before schema revision 0003) is looked up by what follows the row's id; any
+        other is decoded whole (:meth:`_first_of`, naming its seq when it fails)."""
+        key = payload
+        if payload.startswith(OLD_FORM_OPENING) and payload.startswith(event_id, 7):
+            key = payload[len(event_id) + 7 :]
+            template = self._templates.get(key)
+            if template is not None and template[0] == type_ and template[1] == version:
+                return _with_id(template[2], event_id)
+        event = self._first_of(run, seq, event_id, type_, version, payload)
+        self._remember(key, type_, version, event)
+        return event
+
+    def decode_contents(
+        self, run: str, first_seq: int, rows: Sequence[ContentRow]
+    ) -> list[RecordedEvent]:
+        """Decode a page of rows, seqs ``first_seq`` on, for a fold, which reads what
+        events say, never their ids.
 
         Every row of a repeated payload gets one shared event whose ``id`` is empty (the
         log refuses to append such an event, so a fold's events cannot be written back
         as if they were the rows'); a repeat costs a dictionary lookup. The rows come
-        without their ids, a fifth less to fetch: the payload's own id is cut off at its
-        closing quote for the cache key, and the first row of each payload is validated
-        whole (:meth:`decode`, naming its seq).
+        without their ids and seqs, two fifths less to fetch; the first row of each
+        payload is validated whole (:meth:`decode`, naming its seq).
         """
         templates = self._templates
         out: list[RecordedEvent] = []
         append = out.append
         recorded = tuple.__new__
-        for seq, at_us, type_, version, payload in rows:
-            # A stored id is a JSON string without a quote in it in practice; one that
-            # had an escaped quote only makes its key longer (a cache miss).
-            cut_at = payload.find('",', 7) if payload.startswith(_ID_OPENING) else -1
-            rest = payload[cut_at:] if cut_at > 0 else payload
-            template = templates.get(rest)
+        seq = first_seq
+        for at_us, type_, version, payload in rows:
+            template = templates.get(payload)
             if template is None or template[0] != type_ or template[1] != version:
-                first = self._first_of(run, seq, None, type_, version, payload)
-                event = self._remember(rest, type_, version, first)
+                event = self._content_of(run, seq, type_, version, payload)
             else:
                 event = template[2]
             append(recorded(RecordedEvent, (run, seq, at_us, event)))
+            seq += 1
         return out
+
+    def _content_of(self, run: str, seq: int, type_: str, version: int, payload: str) -> Event:
+        """``_row_of`` for a fold: a payload stored with its id is looked up by what
+        follows it (cut at the id's closing quote: a stored id holds no quote in practice,
+        and one that did only makes its key longer, a cache miss)."""
+        key = payload
+        if payload.startswith(OLD_FORM_OPENING):
+            cut_at = payload.find('",', 7)
+            if cut_at > 0:
+                key = payload[cut_at:]
+                template = self._templates.get(key)
+                if template is not None and template[0] == type_ and template[1] == version:
+                    return template[2]
+        first = self._first_of(run, seq, None, type_, version, payload)
+        return self._remember(key, type_, version, first)
 
     def _remember(self, rest: str, type_: str, version: int, first: Event) -> Event:
         """``first`` without its id; cached as what ``rest`` decodes to from the second
@@ -417,8 +472,9 @@ class EventCodec:
     def _first_of(
         self, run: str, seq: int, event_id: str | None, type_: str, version: int, payload: str
     ) -> Event:
-        """Decode a payload the cache has not seen, validating it whole; its id must be
-        the row's (an import refuses a line whose id differs, so only damage gets here)."""
+        """Decode a payload the cache has not seen, validating it whole, with the row's id
+        (a payload stored with its own must hold the row's: an import refuses a line whose
+        id differs, so only damage gets here)."""
         cls = self._types.get(type_)
         event: Event | None = None
         if cls is not None and version == cls.SCHEMA_VERSION:
@@ -428,9 +484,16 @@ class EventCodec:
             except ValidationError:
                 event = None
         if event is None:
-            event = self.decode(run, seq, type_, version, payload)
-        if event_id is not None and event.id != event_id:
+            return self.decode(run, seq, type_, version, payload, event_id)
+        if event_id is None or event.id == event_id:
+            return event
+        if payload.startswith(OLD_FORM_OPENING):
             raise EventDecodeError(
                 run, seq, f"payload id {cut(event.id)!r} is not the row's id {event_id!r}"
             )
-        return event
+        return _with_id(event, event_id)
+
+
+def stored_payload(cls: type[Event], event: Event) -> str:
+    """What a row stores of ``event`` (of class ``cls``): see :meth:`EventCodec.encode`."""
+    return cls.__pydantic_serializer__.to_json(event, exclude=NOT_IN_PAYLOAD).decode()

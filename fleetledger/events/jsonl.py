@@ -7,45 +7,44 @@ One line per stored event, in seq order::
 
 ``data`` is the event's fields without ``id`` and ``type``, exactly as stored, at the
 schema version it was stored with (an export does not upcast). An import checks every
-line before writing any: a bad line names its number and the problem, and nothing is
-written.
+line, and a bad line names its number and the problem; nothing is written (the rows
+are written as they are checked, in one transaction that a refused line rolls back).
 
-An import file comes from someone else, so reading one is bounded (the limits are in
-``docs/events.md``, "Limits"): lines are read at most :data:`MAX_LINE_BYTES` at a
-time, so a 100 MB line is refused after reading one megabyte, not after holding it;
-a file holds at most :data:`MAX_EXPORT_BYTES` of events; each line is parsed by the
-codec's strict :func:`~fleetledger.events.codec.load_json`. The checked rows are kept
-by column (:class:`ImportRows`), not as one object per event.
+An import file comes from someone else, and may hold a week of a large fleet, so
+reading one is bounded by the line, never by the file: lines are read at most
+:data:`MAX_LINE_BYTES` at a time, so a 100 MB line is refused after reading one
+megabyte, not after holding it; each line is parsed by the codec's strict
+:func:`~fleetledger.events.codec.load_json`; :class:`ExportChecker` keeps what the
+rules need of the lines before (the run, its config, the last time, the counts) and
+nothing of their rows. One rule it cannot keep that way: an id on two lines. The log
+holds every id the import wrote, so the write finds it (``EventLog.import_run``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
-from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import IO, Any, overload
+from typing import IO, Any
 
 from fleetledger.events.codec import LAST_STAMP, EventCodec, JSONRefused, StoredRow, cut, load_json
 from fleetledger.events.errors import EventDecodeError, ImportFileError
-from fleetledger.events.models import RunEnded, RunStarted, iso_at, us_from_datetime
+from fleetledger.events.models import FleetConfig, RunEnded, RunStarted, iso_at, us_from_datetime
 
 LINE_KEYS = ("run", "seq", "id", "at", "type", "schema_version", "data")
 # The longest line an import reads (without its newline): a run_started line carries
-# the run's configuration, settings included; every other event is far shorter.
+# the run's configuration, settings included; every other event is far shorter. The
+# file itself has no limit: an import holds a line, never the file.
 MAX_LINE_BYTES = 1 << 20
-# The most event text one import reads, plain or as a bundle's events.jsonl: the
-# checked rows are held until they are written, so this bounds the import's memory
-# (about 2.5 bytes held per byte read, for the smallest events).
-MAX_EXPORT_BYTES = 64 << 20
 READ_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
 class ImportRow:
-    """A stored event as an export file holds it, kept byte-for-byte on import."""
+    """A stored event as an export line holds it: ``payload`` is its ``data``, which is
+    what a row stores (the codec's form: no id, no type)."""
 
     seq: int
     event_id: str
@@ -77,83 +76,18 @@ def export_lines(run: str, pages: Iterable[list[StoredRow]]) -> Iterator[str]:
             )
 
 
-class ImportRows(Sequence[ImportRow]):
-    """The checked rows of an import, kept by column; seq ``n`` is row ``n - 1``.
-
-    One ``ImportRow`` per event costs ~300 bytes besides the event's own text, more than
-    most events' text: a column each (ids, payloads, interned types, stamps and versions
-    in arrays) keeps an import at the limit to a fraction of that.
-    """
-
-    def __init__(self) -> None:
-        self._ids: list[str] = []
-        self._at = array("q")
-        self._types: list[str] = []
-        self._versions = array("q")
-        self._payloads: list[str] = []
-
-    def append(self, event_id: str, at_us: int, type_: str, version: int, payload: str) -> None:
-        self._ids.append(event_id)
-        self._at.append(at_us)
-        self._types.append(sys.intern(type_))
-        self._versions.append(version)
-        self._payloads.append(payload)
-
-    def line_of(self, event_id: str) -> int:
-        """The line (= seq) an id is on; only for an error message (a linear search)."""
-        return self._ids.index(event_id) + 1
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    @overload
-    def __getitem__(self, index: int) -> ImportRow: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[ImportRow]: ...
-    def __getitem__(self, index: int | slice) -> ImportRow | list[ImportRow]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        i = range(len(self))[index]  # negative indices, IndexError
-        return ImportRow(
-            i + 1, self._ids[i], self._at[i], self._types[i], self._versions[i], self._payloads[i]
-        )
-
-    def __iter__(self) -> Iterator[ImportRow]:
-        columns = zip(self._ids, self._at, self._types, self._versions, self._payloads, strict=True)
-        for seq, (event_id, at_us, type_, version, payload) in enumerate(columns, start=1):
-            yield ImportRow(seq, event_id, at_us, type_, version, payload)
-
-
-@dataclass(frozen=True)
-class ParsedRun:
-    run: str
-    rows: Sequence[ImportRow]
-
-
-def read_lines(
-    stream: IO[bytes], *, head: bytes = b"", limit: int | None = None
-) -> Iterator[bytes]:
+def read_lines(stream: IO[bytes], *, head: bytes = b"") -> Iterator[bytes]:
     """The lines of ``stream`` (after ``head``, bytes already read from it), without
-    their newlines; at most ``limit`` bytes in all (default :data:`MAX_EXPORT_BYTES`)
-    and :data:`MAX_LINE_BYTES` a line.
+    their newlines, each at most :data:`MAX_LINE_BYTES`.
 
     Memory stays at one chunk and one line whatever the stream holds: a line is refused
     as soon as it outgrows the limit, before the rest of it is read.
     """
-    limit = MAX_EXPORT_BYTES if limit is None else limit
-    pending, number, total = head, 0, len(head)
+    pending, number = head, 0
     while True:
         chunk = stream.read(READ_CHUNK)
         if not chunk:
             break
-        total += len(chunk)
-        if total > limit:  # named: the line that holds the first byte past the limit
-            within = chunk[: len(chunk) - (total - limit)]
-            raise ImportFileError(
-                number + within.count(b"\n") + 1,
-                f"the file goes on past {limit:,} bytes, the most event text one import "
-                "reads (docs/events.md, Limits); nothing was imported",
-            )
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
             number += 1
@@ -220,20 +154,48 @@ def _stamp(number: int, at_text: str) -> int:
     return at_us
 
 
-def parse_export(
-    lines: Iterable[str | bytes], codec: EventCodec, rename_to: str | None = None
-) -> ParsedRun:
-    """Validate a whole export; returns the rows to write. Raises on the first bad line.
+def id_twice(event_id: str, first_line: int) -> str:
+    """The problem of a line whose id an earlier line (``first_line``) holds."""
+    return (
+        f"event id {cut(event_id)} appears twice (also on line {first_line}): "
+        "an id names one event of the run"
+    )
 
-    ``lines`` from a file should come through :func:`read_lines`, which bounds them.
+
+class ExportChecker:
+    """The import rule of an export, one line at a time (:meth:`check`), holding what
+    the rule needs of the lines before and nothing of their rows: memory is one line's
+    whatever the file holds. ``run`` is the run the rows are written to (``rename_to``,
+    else the lines' own); ``count``, ``by_type`` and ``first`` describe the lines so far.
     """
-    rows = ImportRows()
-    run: str | None = None
-    config = None
-    ids: set[str] = set()
-    last_at = 0
-    ended_at_line: int | None = None
-    for number, raw in enumerate(lines, start=1):
+
+    def __init__(self, codec: EventCodec, rename_to: str | None = None) -> None:
+        self.codec = codec
+        self.rename_to = rename_to
+        self.lines_run: str | None = None
+        self.config: FleetConfig | None = None
+        self.count = 0
+        self.by_type: Counter[str] = Counter()
+        self.first: ImportRow | None = None
+        self._last_at = 0
+        self._ended_at_line: int | None = None
+
+    @property
+    def run(self) -> str:
+        run = self.rename_to if self.rename_to is not None else self.lines_run
+        if run is None:
+            raise ImportFileError(1, "the file holds no events")
+        return run
+
+    def rows(self, lines: Iterable[str | bytes]) -> Iterator[ImportRow]:
+        """Each line checked (numbered from 1) as it is read; a file of no lines is refused."""
+        for number, raw in enumerate(lines, start=1):
+            yield self.check(number, raw)
+        if self.count == 0:
+            raise ImportFileError(1, "the file holds no events")
+
+    def check(self, number: int, raw: str | bytes) -> ImportRow:
+        """Line ``number`` checked against the rule and the lines before it; its row."""
         if isinstance(raw, bytes):
             try:
                 raw = raw.decode("utf-8")
@@ -252,43 +214,38 @@ def parse_export(
         type_ = _field(obj, "type", str, number)
         version = _field(obj, "schema_version", int, number)
         data = _field(obj, "data", dict, number)
+        run = self.lines_run
         if run is None:
-            run = line_run
+            run = self.lines_run = line_run
         elif line_run != run:
             raise ImportFileError(
                 number,
                 f"run {_cut_repr(line_run)} differs from {_cut_repr(run)}: an export holds one run",
             )
-        expected = len(rows) + 1
+        expected = self.count + 1
         if seq != expected:
             raise ImportFileError(number, f"seq {_cut_repr(seq)} out of order: expected {expected}")
-        if ended_at_line is not None:
-            raise ImportFileError(number, f"event after run_ended (line {ended_at_line})")
-        if event_id in ids:
-            raise ImportFileError(
-                number,
-                f"event id {cut(event_id)} appears twice (also on line {rows.line_of(event_id)}): "
-                "an id names one event of the run",
-            )
-        ids.add(event_id)
+        if self._ended_at_line is not None:
+            raise ImportFileError(number, f"event after run_ended (line {self._ended_at_line})")
         at_us = _stamp(number, at_text)
-        if at_us < last_at:
+        if at_us < self._last_at:
             raise ImportFileError(number, f"time {at_text} goes backwards")
-        last_at = at_us
         for reserved in ("id", "type"):
             if reserved in data:
                 raise ImportFileError(number, f"'data' must not contain {reserved!r}")
+        stored = json.dumps(data, separators=(",", ":"))
         payload = {"id": event_id, "type": type_, **data}
         try:
-            event = codec.decode(run, seq, type_, version, payload)
+            event = self.codec.decode(run, seq, type_, version, payload)
         except EventDecodeError as exc:
             raise ImportFileError(number, exc.problem) from None
         if seq == 1:
             if not isinstance(event, RunStarted):
                 raise ImportFileError(number, f"a run begins with run_started, not {type_!r}")
-            config = event.config
+            self.config = event.config
         elif isinstance(event, RunStarted):
             raise ImportFileError(number, "a second run_started inside one run")
+        config = self.config
         if config is None:  # seq 1 comes first (checked above), and it set the config
             raise ImportFileError(number, "an event before the run's run_started")
         try:
@@ -296,8 +253,11 @@ def parse_export(
         except ValueError as exc:
             raise ImportFileError(number, f"{type_}: {exc}") from None
         if isinstance(event, RunEnded):
-            ended_at_line = number
-        rows.append(event_id, at_us, type_, version, json.dumps(payload, separators=(",", ":")))
-    if run is None:
-        raise ImportFileError(1, "the file holds no events")
-    return ParsedRun(run if rename_to is None else rename_to, rows)
+            self._ended_at_line = number
+        self._last_at = at_us
+        self.count = seq
+        self.by_type[type_] += 1
+        row = ImportRow(seq, event_id, at_us, type_, version, stored)
+        if seq == 1:
+            self.first = row
+        return row

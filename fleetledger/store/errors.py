@@ -79,6 +79,17 @@ class EventIdConflict(AppendRejected):
         self.stored_seq = stored_seq
 
 
+class ImportedIdTwice(AppendRejected):
+    """An import's row at ``seq`` holds an id the run's row at ``first_seq`` holds: the
+    import is refused whole (its transaction rolled back). The importer names the line."""
+
+    def __init__(self, run: str, event_id: str, seq: int, first_seq: int) -> None:
+        super().__init__(run, f"event id {event_id} at seq {seq} is also the id of seq {first_seq}")
+        self.event_id = event_id
+        self.seq = seq
+        self.first_seq = first_seq
+
+
 class RetryWithLookups(Exception):
     """The fast path met an already-stored id or a racing run start: redo with lookups.
 

@@ -32,10 +32,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from fleetledger.events.codec import EventCodec, StoredRow
+from fleetledger.events.codec import NOT_IN_PAYLOAD, EventCodec, StoredRow
 from fleetledger.events.errors import EventDecodeError, LedgerError
 from fleetledger.events.models import (
     Event,
@@ -50,12 +50,13 @@ from fleetledger.store.database import Database, OpenMode, open_database
 from fleetledger.store.errors import (
     AppendRejected,
     EventIdConflict,
+    ImportedIdTwice,
     LedgerWriteError,
     RetryWithLookups,
     UnknownRun,
 )
 from fleetledger.store.records import RunHead, RunSummary, check_run_id
-from fleetledger.store.statements import Conn
+from fleetledger.store.statements import Conn, InsertRow
 
 if TYPE_CHECKING:
     from fleetledger.events.jsonl import ImportRow
@@ -75,6 +76,9 @@ generation and each full collection walked it. Measured on the bench's million-e
 (``fold(log.read(run))``, best of 3, with the codec caching repeated payloads only):
 20,000 rows a page 4.97 s, 1,024 4.31 s, 256 3.80 s, 64 3.20 s; with collection off
 3.13 s. A page of 64 is folded before a young collection promotes it."""
+# The most payload text an import writes per statement (a page of rows is held while the
+# driver runs it; 20,000 rows of a 256-shard fleet's rounds would be 22 MB).
+IMPORT_PAGE_BYTES = 4 << 20
 # Ids looked up per statement: well under SQLite's bind-parameter limit (one ``?`` each;
 # PostgreSQL takes them as one array).
 LOOKUP_CHUNK = 10_000
@@ -235,7 +239,8 @@ class EventLog:
             # update, ``model_construct``) is not its class's: the codec refuses it.
             if spec is not None and event.type == spec[0]:
                 type_, version, serializer = spec
-                append(make(_Encoded, (event, type_, version, serializer.to_json(event).decode())))
+                payload = serializer.to_json(event, exclude=NOT_IN_PAYLOAD).decode()
+                append(make(_Encoded, (event, type_, version, payload)))
                 continue
             if not isinstance(event, Event):
                 refuse_ids(run, [e.event for e in out])  # refusals in batch order
@@ -328,8 +333,8 @@ class EventLog:
             rows = self._sql.page(conn, run, 0, 1)
             if not rows:
                 raise LedgerError(f"run {run!r} has a head but no seq 1: the ledger is damaged")
-            _seq, _at_us, _event_id, type_, version, payload = rows[0]
-            started = self.codec.decode(run, 1, type_, version, payload)
+            _seq, _at_us, event_id, type_, version, payload = rows[0]
+            started = self.codec.decode(run, 1, type_, version, payload, event_id)
             if not isinstance(started, RunStarted):
                 raise EventDecodeError(run, 1, f"the first event is {type_!r}, not run_started")
             config = self._configs[run] = started.config
@@ -362,16 +367,19 @@ class EventLog:
     def read_stored(
         self, run: str, after_seq: int = 0, to_seq: int | None = None
     ) -> Iterator[list[StoredRow]]:
-        return self._read_rows(self._sql.page, run, after_seq, to_seq)
+        for _after, page in self._read_rows(self._sql.page, run, after_seq, to_seq):
+            yield page
 
     def _read_rows(
         self, read_page: PageReader, run: str, after_seq: int, to_seq: int | None
-    ) -> Iterator[list[Any]]:
-        """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded.
+    ) -> Iterator[tuple[int, list[Any]]]:
+        """Stored rows of ``run`` with ``after_seq < seq <= to_seq``, in pages, undecoded,
+        each with the seq it follows: a page holds every seq of its range, in order, or
+        it is damage (``_short_page``), so row i of a page is seq ``after + 1 + i``.
 
-        Rows are plain ``(seq, at_us, event_id, type, schema_version, payload)`` tuples,
-        the shape of ``StoredRow``; seqs are immutable once committed, so pages read in
-        separate reads still form one consistent prefix of the run.
+        Rows are plain tuples, ``StoredRow`` or ``ContentRow`` as ``read_page`` reads;
+        seqs are immutable once committed, so pages read in separate reads still form
+        one consistent prefix of the run.
 
         Each page is its own read: nothing is held while the caller works on a page
         (``export | less``). A read held open across pages would keep a WAL from being
@@ -393,7 +401,7 @@ class EventLog:
             if len(page) != hi - lo:
                 page, last = self._short_page(read_page, run, lo, hi, page, to_seq)
             if page:
-                yield page
+                yield lo, page
             lo = hi
 
     def _short_page(
@@ -444,14 +452,15 @@ class EventLog:
         pages yielded): a decoded event is garbage once its page is consumed, and a small
         page is consumed before the collector's young generations promote it."""
         if ids:
-            pages = self.read_stored(run, after_seq, to_seq)
-            decode = self.codec.decode_rows
-        else:
-            pages = self._read_rows(self._sql.content_page, run, after_seq, to_seq)
-            decode = self.codec.decode_contents
-        for rows in pages:
+            decode_rows = self.codec.decode_rows
+            for rows in self.read_stored(run, after_seq, to_seq):
+                for start in range(0, len(rows), DECODE_PAGE):
+                    yield decode_rows(run, rows[start : start + DECODE_PAGE])
+            return
+        decode_contents = self.codec.decode_contents
+        for after, rows in self._read_rows(self._sql.content_page, run, after_seq, to_seq):
             for start in range(0, len(rows), DECODE_PAGE):
-                yield decode(run, rows[start : start + DECODE_PAGE])
+                yield decode_contents(run, after + 1 + start, rows[start : start + DECODE_PAGE])
 
     def seq_at(self, run: str, at_us: int, *, head: RunHead | None = None) -> int:
         """The last seq of ``run`` whose stored time is at or before ``at_us``.
@@ -518,33 +527,56 @@ class EventLog:
 
     # ── import ───────────────────────────────────────────────────────────────
 
-    def import_run(self, run: str, rows: Sequence[ImportRow]) -> None:
-        """Write an already-validated run whole, keeping ids, times and versions."""
-        check_run_id(run)
-        if not rows:
-            raise AppendRejected(run, "nothing to import")
+    def import_run(self, run: str, rows: Iterable[ImportRow]) -> int:
+        """Write a run whole from its checked rows, keeping ids, times and versions;
+        returns how many were written.
 
-        def body(conn: Conn) -> list[int]:
+        ``rows`` may be checked as they are pulled (an import file read line by line): they
+        are written a page at a time inside one transaction, so memory holds one page
+        however long the run, and anything raised while pulling them (a refused line)
+        rolls the whole import back. An id on two rows is found by the database's unique
+        key and refused as :class:`ImportedIdTwice` naming both seqs.
+        """
+        check_run_id(run)
+        sql = self._sql
+
+        def body(conn: Conn) -> int:
             if self._head(conn, run, lock=True) is not None:
                 raise AppendRejected(
                     run, f"run {run!r} already exists here; import it under another name with --run"
                 )
-            self._sql.insert_run(conn, run, rows[0].at_us)
-            # A page at a time: the driver's parameters for a whole run would double the
-            # memory an import at its size limit holds (docs/events.md, Limits).
-            values = (
-                (run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload) for r in rows
-            )
-            while page := list(itertools.islice(values, READ_PAGE)):
-                self._sql.insert_events(conn, page)
-            return []
+            pulled = iter(rows)
+            first = next(pulled, None)
+            if first is None:
+                raise AppendRejected(run, "nothing to import")
+            sql.insert_run(conn, run, first.at_us)
+            written = 0
+            for page in _import_pages(run, itertools.chain((first,), pulled)):
+                if not sql.insert_events_or_clash(conn, page):
+                    raise self._id_twice(conn, run, page)
+                written += len(page)
+            return written
 
         try:
-            self._transact(body)
+            return self._transact(body)
         except RetryWithLookups:
             raise AppendRejected(
                 run, f"run {run!r} was created by another process during the import"
             ) from None
+
+    def _id_twice(self, conn: Conn, run: str, page: list[InsertRow]) -> ImportedIdTwice:
+        """The first row of ``page`` (which the unique key refused) whose id an earlier
+        row holds: one written by an earlier page, or one before it in this page."""
+        ids = [row[2] for row in page]
+        stored: dict[str, int] = {}
+        for at in range(0, len(ids), LOOKUP_CHUNK):
+            for event_id, seq, *_rest in self._sql.stored(conn, run, ids[at : at + LOOKUP_CHUNK]):
+                stored[event_id] = seq
+        for _run, seq, event_id, *_rest in page:
+            first_seq = stored.setdefault(event_id, seq)
+            if first_seq != seq:
+                return ImportedIdTwice(run, event_id, seq, first_seq)
+        raise LedgerError(f"run {run!r}: the database refused an import page, yet no id repeats")
 
     # ── snapshots ────────────────────────────────────────────────────────────
 
@@ -571,3 +603,18 @@ class EventLog:
         at_most = SEQ_LIMIT if at_most_seq is None else at_most_seq
         with self.database.reading() as conn:
             return self._sql.load_snapshot(conn, run, projection_version, at_most)
+
+
+def _import_pages(run: str, rows: Iterable[ImportRow]) -> Iterator[list[InsertRow]]:
+    """Insert rows in pages of at most ``READ_PAGE`` rows and ``IMPORT_PAGE_BYTES`` of
+    payload: the driver's parameters for a whole run would hold the run in memory."""
+    page: list[InsertRow] = []
+    size = 0
+    for r in rows:
+        page.append((run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload))
+        size += len(r.payload)
+        if len(page) >= READ_PAGE or size >= IMPORT_PAGE_BYTES:
+            yield page
+            page, size = [], 0
+    if page:
+        yield page

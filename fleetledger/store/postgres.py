@@ -88,6 +88,23 @@ class PostgresStatements:
                     "SELECT pg_notify(%s, %s)", (APPENDED_CHANNEL, appended_payload(run, last_seq))
                 )
 
+    def insert_events_or_clash(self, conn: Conn, rows: Sequence[InsertRow]) -> bool:
+        # psycopg is there whenever this runs (the connection is one of its), and is an
+        # optional package this module's importers need not have.
+        from psycopg import IntegrityError
+
+        with conn.cursor() as cursor:
+            cursor.execute("SAVEPOINT fleetledger_rows")
+            try:
+                self.insert_events(conn, rows)
+            except IntegrityError:
+                # The clash aborted the transaction: rolling back to the savepoint revives it.
+                cursor.execute("ROLLBACK TO SAVEPOINT fleetledger_rows")
+                cursor.execute("RELEASE SAVEPOINT fleetledger_rows")
+                return False
+            cursor.execute("RELEASE SAVEPOINT fleetledger_rows")
+        return True
+
     def page(self, conn: Conn, run: str, lo: int, hi: int) -> list[Any]:
         return _all(
             conn,
@@ -99,7 +116,7 @@ class PostgresStatements:
     def content_page(self, conn: Conn, run: str, lo: int, hi: int) -> list[Any]:
         return _all(
             conn,
-            "SELECT seq, at_us, type, schema_version, payload FROM fleetledger_events "
+            "SELECT at_us, type, schema_version, payload FROM fleetledger_events "
             "WHERE run_id = %s AND seq > %s AND seq <= %s ORDER BY seq",
             (run, lo, hi),
         )

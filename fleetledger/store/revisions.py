@@ -31,7 +31,7 @@ OLDEST_READABLE_REVISION = "0002"
 
 
 # Every revision of ``fleetledger/migrations/versions``, oldest first (a test compares).
-REVISIONS = ("0001", "0002")
+REVISIONS = ("0001", "0002", "0003")
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:

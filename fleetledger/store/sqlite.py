@@ -46,6 +46,17 @@ class SqliteStatements:
             rows,
         )
 
+    def insert_events_or_clash(self, conn: sqlite3.Connection, rows: Sequence[InsertRow]) -> bool:
+        conn.execute("SAVEPOINT fleetledger_rows")
+        try:
+            self.insert_events(conn, rows)
+        except sqlite3.IntegrityError:
+            conn.execute("ROLLBACK TO fleetledger_rows")
+            conn.execute("RELEASE fleetledger_rows")
+            return False
+        conn.execute("RELEASE fleetledger_rows")
+        return True
+
     def page(self, conn: sqlite3.Connection, run: str, lo: int, hi: int) -> list[Any]:
         # A range of the (run_id, seq) primary key.
         return conn.execute(
@@ -56,7 +67,7 @@ class SqliteStatements:
 
     def content_page(self, conn: sqlite3.Connection, run: str, lo: int, hi: int) -> list[Any]:
         return conn.execute(
-            "SELECT seq, at_us, type, schema_version, payload FROM fleetledger_events "
+            "SELECT at_us, type, schema_version, payload FROM fleetledger_events "
             "WHERE run_id = ? AND seq > ? AND seq <= ? ORDER BY seq",
             (run, lo, hi),
         ).fetchall()

@@ -47,14 +47,21 @@ class Statements(Protocol):
         """Rows in ``INSERT_COLUMNS`` order, in one round of the driver (executemany)."""
         ...
 
+    def insert_events_or_clash(self, conn: Conn, rows: Sequence[InsertRow]) -> bool:
+        """``insert_events`` under a savepoint: False when a row clashes with a unique key
+        (an id stored already, or twice in ``rows``), with none of ``rows`` written and
+        the transaction still usable, so the caller can look up which row it was."""
+        ...
+
     def page(self, conn: Conn, run: str, lo: int, hi: int) -> list[Any]:
         """The run's rows with ``lo < seq <= hi`` in seq order, as
         (seq, at_us, event_id, type, schema_version, payload)."""
         ...
 
     def content_page(self, conn: Conn, run: str, lo: int, hi: int) -> list[Any]:
-        """``page`` without the ids, which a fold never reads (a fifth less to fetch):
-        (seq, at_us, type, schema_version, payload)."""
+        """``page`` without the ids, which a fold never reads, and without the seqs, which
+        the range already says (the caller checks it got every row of it): two fifths
+        less to fetch, as (at_us, type, schema_version, payload)."""
         ...
 
     def time_of(self, conn: Conn, run: str, seq: int) -> int | None:
