@@ -55,6 +55,7 @@ def _inlined(view: FleetView, pages: Sequence[Sequence[RecordedEvent]]) -> None:
 
 
 _CALLED = """if all_healthy_probes_ok(shards, event.ok, at_us):
+    repeating = event
     last_seq, last_at = seq, at_us
     continue
 """

@@ -644,3 +644,33 @@ def test_folding_in_pages_through_the_quiet_fast_path_is_the_plain_fold(records,
         at += size
     pages.append(records[at:])
     assert fold_pages(pages) == fold(records)
+
+
+@given(
+    runs(min_events=1),
+    st.lists(st.integers(0, 4), max_size=60),
+    st.lists(st.integers(1, 7), max_size=40),
+)
+def test_repeated_rounds_read_as_one_shared_event_fold_as_each_would(records, repeats, cuts):
+    """A read for a fold hands out one shared event per repeated payload, and
+    ``apply_page`` folds a run of the same quiet round at once (run-folding). With every
+    round shared by content, each repeated a drawn number of times in a row, and the
+    pages cut anywhere, the view is the plain fold of the same events one by one."""
+    shared: dict[tuple, ProbeRound] = {}
+    extra = iter(repeats)
+    out: list[RecordedEvent] = []
+    for r in records:
+        event = r.event
+        copies = 1
+        if isinstance(event, ProbeRound):
+            key = (event.ok, event.failed, event.died)
+            event = shared.setdefault(key, event.model_copy(update={"id": ""}))
+            copies += next(extra, 0)
+        for _ in range(copies):
+            out.append(RecordedEvent(r.run, len(out) + 1, r.at_us, event))
+    pages, at = [], 0
+    for size in cuts:
+        pages.append(out[at : at + size])
+        at += size
+    pages.append(out[at:])
+    assert fold_pages(pages) == fold(out)

@@ -277,10 +277,26 @@ class FleetView:
         # The position as of the last event folded; written back before anything else
         # reads it (``apply``, the caller after a yield) and at the end of the page.
         last_seq, last_at = self.seq, self.at_us
+        # Run-folding: the quiet round folded last, and how many times it has come again
+        # since, unfolded. A log read for a fold hands out one shared event per repeated
+        # payload (``EventCodec.decode_contents``), so the same round again is the same
+        # object; a quiet round changes no state, so its repeat is quiet too, and a run
+        # of them moves nothing but each shard's count and last time: folded once, when
+        # the run ends (a week of a healthy fleet is a handful of such runs).
+        repeating: ProbeRound | None = None
+        repeats, repeat_at = 0, 0
         try:
             for recorded in page:
                 recorded_run, seq, at_us, event = recorded
                 if seq == last_seq + 1 and recorded_run == run:
+                    if event is repeating:
+                        repeats += 1
+                        last_seq, last_at = seq, at_us
+                        repeat_at = at_us
+                        continue
+                    if repeats:
+                        self._fold_repeats(repeating, repeats, repeat_at)
+                        repeats = 0
                     if type(event) is ProbeRound and not (event.failed or event.died):
                         # A round of successful probes of HEALTHY shards only: the rule
                         # (``shard_states.all_healthy_probes_ok``) inlined — its one
@@ -297,15 +313,32 @@ class FleetView:
                                 r.probe_evidence = ()
                                 r.probe_successes += 1
                                 r.last_ok_at_us = at_us
+                            repeating = event
                             last_seq, last_at = seq, at_us
                             continue
+                elif repeats:
+                    self._fold_repeats(repeating, repeats, repeat_at)
+                    repeats = 0
+                repeating = None
                 self.seq, self.at_us = last_seq, last_at
                 epoch = self.epoch
                 transitions = self.apply(recorded)
                 last_seq, last_at = self.seq, self.at_us
                 yield recorded, transitions, epoch
         finally:  # the position is the last event folded, however the page ends
+            if repeats:
+                self._fold_repeats(repeating, repeats, repeat_at)
             self.seq, self.at_us = last_seq, last_at
+
+    def _fold_repeats(self, round_: ProbeRound | None, repeats: int, last_at_us: int) -> None:
+        """``repeats`` more of the quiet ``round_`` just folded, the last at ``last_at_us``:
+        what folding each again would leave (the counts added, the last time moved)."""
+        if round_ is None:
+            raise ProjectionError(f"run {self.run!r}: repeats of no round to fold")
+        for shard in round_.ok:
+            r = self.shards[shard]
+            r.probe_successes += repeats
+            r.last_ok_at_us = last_at_us
 
     def _check_shards(
         self, seq: int, event: Event, shards: Iterable[int], *, what: str | None = None
