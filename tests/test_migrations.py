@@ -16,7 +16,6 @@ import pytest
 from alembic import command
 from sqlalchemy import Engine, create_engine, inspect, text
 
-from fleetledger.events.codec import EventCodec
 from fleetledger.events.models import ProbeFailure, ProbeRound, RunStarted
 from fleetledger.store.database import migrate, open_database
 from fleetledger.store.errors import LedgerOpenError, MigrationRequired, UnknownRevision
@@ -128,7 +127,6 @@ def _build_at_0001(url: str) -> list[tuple]:
 def _assert_rows_read_back(log: EventLog, rows: list[tuple]) -> None:
     """The run reads back whole — its v1 probe rows as the one-shard rounds they mean —
     and its stored rows are left byte for byte as they were."""
-    codec = EventCodec()
     recorded = list(log.read("legacy"))
     assert [(r.run, r.seq, r.event.id, r.at_us) for r in recorded] == [
         (run, seq, event_id, at_us) for run, seq, event_id, _, _, at_us, _ in rows

@@ -47,10 +47,10 @@ from fleetledger.store.log import EventLog
 from tests.legacy_rows import (
     Item,
     import_old_run,
+    imported_form,
     insert_old_rows,
     probe_failed_v1,
     probe_ok_v1,
-    imported_form,
 )
 from tests.projection_builders import fleet_config
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import subprocess
@@ -55,7 +54,7 @@ from fleetledger.projections.snapshot import PROJECTION_VERSION
 from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 from tests.builders import probe_failed, probe_ok
-from tests.cli_support import invoke, run_cli, run_with_a_terminal
+from tests.cli_support import invoke, run_cli, stderr_on_a_terminal, with_progress_after
 
 pytestmark = pytest.mark.usefixtures("cli_sandbox")
 
@@ -374,31 +373,6 @@ def test_history_transitions_and_epochs_are_the_folds(sqlite_url: str) -> None:
 
 
 # ── progress ───────────────────────────────────────────────────────────────────
-
-PROGRESS_SCRIPT = (
-    "import sys\n"
-    "from fleetledger.cli import progress\n"
-    "progress.SHOW_AFTER_S = float(sys.argv[1])\n"
-    "from fleetledger.cli import main\n"
-    "sys.argv = ['fleetledger', *sys.argv[2:]]\n"
-    "main()\n"
-)
-
-
-def with_progress_after(delay_s: float, *args: str) -> list[str]:
-    """``fleetledger ARGS`` with progress shown after ``delay_s`` (0: a small run shows it)."""
-    return [sys.executable, "-c", PROGRESS_SCRIPT, str(delay_s), *args]
-
-
-def stderr_on_a_terminal(argv: list[str]) -> tuple[str, str]:
-    """Run ``argv`` with stderr on a pseudo-terminal and stdout on a pipe (as in
-    ``replay > file``); returns (stdout, what the terminal received, controls removed)."""
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
-    env.pop("NO_COLOR", None)
-    status, stdout, received = run_with_a_terminal(argv, terminal="stderr", env=env)
-    assert status == 0, (stdout, received)
-    drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", received.decode(errors="replace"))
-    return stdout.decode(), drawn
 
 
 def test_progress_is_drawn_on_a_terminal_stderr_and_never_on_stdout(demo_sqlite: str) -> None:

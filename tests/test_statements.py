@@ -120,7 +120,7 @@ def test_a_clashing_insert_writes_none_of_its_rows_and_the_transaction_goes_on(
 ) -> None:
     _store_run(ledger, RUN, 3)
     sql = ledger.sql
-    clash = _row(RUN, 4)[:2] + (f"{RUN}-id-2",) + _row(RUN, 4)[3:]  # seq 2's id again
+    clash = (*_row(RUN, 4)[:2], f"{RUN}-id-2", *_row(RUN, 4)[3:])  # seq 2's id again
     outcome: list[bool] = []
 
     def body(conn: Any) -> None:

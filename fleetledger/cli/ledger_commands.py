@@ -296,7 +296,7 @@ def import_(
         total: Total = opened.lines
         if total is None and str(file) != "-":
             total = partial(lines_of, str(file))  # counted only if the bar is shown
-        with progress_bar("import", total, quiet=as_json) as progress:
+        with progress_bar(f"importing {opened.run}", total, quiet=as_json) as progress:
             try:
                 events = log.import_run(opened.run, progress.count(opened.rows))
             except ImportedIdTwice as exc:
