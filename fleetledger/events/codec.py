@@ -31,7 +31,13 @@ from pydantic import ValidationError
 
 from fleetledger.events.errors import EventDecodeError
 from fleetledger.events.legacy import PROBE_V1_UPCASTERS
-from fleetledger.events.models import EVENT_TYPES, Event, RecordedEvent, us_from_datetime
+from fleetledger.events.models import (
+    EVENT_TYPES,
+    Event,
+    RecordedColumns,
+    RecordedEvent,
+    us_from_datetime,
+)
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -410,9 +416,9 @@ class EventCodec:
 
     def decode_contents(
         self, run: str, first_seq: int, rows: Sequence[ContentRow]
-    ) -> list[RecordedEvent]:
+    ) -> RecordedColumns:
         """Decode a page of rows, seqs ``first_seq`` on, for a fold, which reads what
-        events say, never their ids.
+        events say, never their ids; by column (``RecordedColumns``).
 
         Every row of a repeated payload gets one shared event whose ``id`` is empty (the
         log refuses to append such an event, so a fold's events cannot be written back
@@ -421,19 +427,17 @@ class EventCodec:
         payload is validated whole (:meth:`decode`, naming its seq).
         """
         templates = self._templates
-        out: list[RecordedEvent] = []
-        append = out.append
-        recorded = tuple.__new__
-        seq = first_seq
+        ats: list[int] = []
+        events: list[Event] = []
+        add_at, add_event = ats.append, events.append
         for at_us, type_, version, payload in rows:
             template = templates.get(payload)
             if template is None or template[0] != type_ or template[1] != version:
-                event = self._content_of(run, seq, type_, version, payload)
+                add_event(self._content_of(run, first_seq + len(ats), type_, version, payload))
             else:
-                event = template[2]
-            append(recorded(RecordedEvent, (run, seq, at_us, event)))
-            seq += 1
-        return out
+                add_event(template[2])
+            add_at(at_us)
+        return RecordedColumns(run, first_seq, ats, events)
 
     def _content_of(self, run: str, seq: int, type_: str, version: int, payload: str) -> Event:
         """``_row_of`` for a fold: a payload stored with its id is looked up by what

@@ -46,6 +46,7 @@ from fleetledger.events.models import (
     OutcomeWindowReported,
     ProbeRound,
     ProgressReported,
+    RecordedColumns,
     RecordedEvent,
     RefitAborted,
     RefitCompleted,
@@ -268,12 +269,17 @@ class FleetView:
         is written out inline). Its row of ``RULES`` is one
         unconditional "stay", so it is taken here without a handler, a Signal or a
         transition list; anything else goes through :meth:`apply`. The view is the same
-        either way (a property test pins it); only what it costs differs.
+        either way (a property test pins it); only what it costs differs. The page is
+        walked by column (``RecordedColumns``, as a read for a fold decodes it; any other
+        page is taken as columns up to where it changes run or skips a seq, and the rest
+        goes through :meth:`apply`, which refuses it as it would one by one).
         """
+        columns, rest = RecordedColumns.prefix_of(page)
         shards = self.shards
         count = len(shards)
         healthy = ShardState.HEALTHY
-        run = self.run
+        page_run = columns.run
+        ours = page_run == self.run
         # The position as of the last event folded; written back before anything else
         # reads it (``apply``, the caller after a yield) and at the end of the page.
         last_seq, last_at = self.seq, self.at_us
@@ -286,9 +292,10 @@ class FleetView:
         repeating: ProbeRound | None = None
         repeats, repeat_at = 0, 0
         try:
-            for recorded in page:
-                recorded_run, seq, at_us, event = recorded
-                if seq == last_seq + 1 and recorded_run == run:
+            seq = columns.first_seq - 1
+            for at_us, event in zip(columns.ats, columns.events, strict=True):
+                seq += 1
+                if seq == last_seq + 1 and ours:
                     if event is repeating:
                         repeats += 1
                         last_seq, last_at = seq, at_us
@@ -320,6 +327,16 @@ class FleetView:
                     self._fold_repeats(repeating, repeats, repeat_at)
                     repeats = 0
                 repeating = None
+                self.seq, self.at_us = last_seq, last_at
+                epoch = self.epoch
+                recorded = RecordedEvent(page_run, seq, at_us, event)
+                transitions = self.apply(recorded)
+                last_seq, last_at = self.seq, self.at_us
+                yield recorded, transitions, epoch
+            if repeats:
+                self._fold_repeats(repeating, repeats, repeat_at)
+                repeats = 0
+            for recorded in rest:  # another run, or a gap: refused as ``apply`` refuses it
                 self.seq, self.at_us = last_seq, last_at
                 epoch = self.epoch
                 transitions = self.apply(recorded)

@@ -21,6 +21,7 @@ Rules of this file:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import fields, is_dataclass
 from functools import cache
 from typing import Any, ClassVar
@@ -58,16 +59,42 @@ def json_value(value: Any) -> Any:
     kind = type(value)
     if kind in _PLAIN:
         return value
-    if isinstance(value, enum.Enum):
-        return value.value
-    if is_dataclass(value) and not isinstance(value, type):
-        return {name: json_value(getattr(value, name)) for name in _keys(kind)}
-    if isinstance(value, tuple | list):
-        return [json_value(v) for v in value]
-    if isinstance(value, frozenset | set):  # in order, so the same set is the same JSON
-        return [json_value(v) for v in sorted(value)]
-    if isinstance(value, dict):
-        return {_key(k): json_value(v) for k, v in value.items()}
-    if isinstance(value, str | int | float):  # a subclass of a plain type
-        return value
-    raise TypeError(f"no JSON form for {kind.__name__}: {value!r}")
+    convert = _CONVERTERS.get(kind)
+    if convert is None:
+        convert = _CONVERTERS[kind] = _converter(kind)
+    return convert(value)
+
+
+def _converter(kind: type) -> Callable[[Any], Any]:
+    """How a value of ``kind`` becomes JSON (the rules above), found once per type: a
+    replay turns a million values into JSON, and asking each what it is cost a third."""
+    if issubclass(kind, enum.Enum):
+        return _enum_value
+    if is_dataclass(kind):
+        keys = _keys(kind)
+        return lambda value: {name: json_value(getattr(value, name)) for name in keys}
+    if issubclass(kind, tuple | list):
+        return lambda value: [json_value(v) for v in value]
+    if issubclass(kind, frozenset | set):  # in order, so the same set is the same JSON
+        return lambda value: [json_value(v) for v in sorted(value)]
+    if issubclass(kind, dict):
+        return lambda value: {_key(k): json_value(v) for k, v in value.items()}
+    if issubclass(kind, str | int | float):  # a subclass of a plain type
+        return _itself
+    return _no_form
+
+
+def _enum_value(value: enum.Enum) -> Any:
+    return value.value
+
+
+def _itself(value: Any) -> Any:
+    return value
+
+
+def _no_form(value: Any) -> Any:
+    raise TypeError(f"no JSON form for {type(value).__name__}: {value!r}")
+
+
+# Each type's converter, built on first sight (``_converter``).
+_CONVERTERS: dict[type, Callable[[Any], Any]] = {}

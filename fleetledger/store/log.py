@@ -444,7 +444,7 @@ class EventLog:
 
     def read_pages(
         self, run: str, after_seq: int = 0, to_seq: int | None = None, *, ids: bool = True
-    ) -> Iterator[list[RecordedEvent]]:
+    ) -> Iterator[Sequence[RecordedEvent]]:
         """``read`` a page at a time; ``ids=False``: for a fold, events without their ids,
         one shared event per repeated payload (``EventCodec.decode_contents``).
 
