@@ -464,7 +464,7 @@ class EventCodec:
         collection), so a bulk read paid a full collection every ~50,000 events. A
         payload that repeats (a probe of one shard, a healthy round) is cached at its
         second sighting; one seen once is garbage as soon as it is folded."""
-        bare = _with_id(first, "")
+        bare = first if first.id == "" else _with_id(first, "")
         seen = self._seen_once
         if rest in seen:
             seen.discard(rest)

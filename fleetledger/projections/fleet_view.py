@@ -291,11 +291,14 @@ class FleetView:
         # the run ends (a week of a healthy fleet is a handful of such runs).
         repeating: ProbeRound | None = None
         repeats, repeat_at = 0, 0
+        # A page that does not go on from the view (another run, a gap, a repeat) folds
+        # nothing quietly: its first event goes to ``apply``, which refuses it.
+        follows = ours and columns.first_seq == last_seq + 1
         try:
             seq = columns.first_seq - 1
             for at_us, event in zip(columns.ats, columns.events, strict=True):
                 seq += 1
-                if seq == last_seq + 1 and ours:
+                if follows:
                     if event is repeating:
                         repeats += 1
                         last_seq, last_at = seq, at_us
@@ -323,9 +326,6 @@ class FleetView:
                             repeating = event
                             last_seq, last_at = seq, at_us
                             continue
-                elif repeats:
-                    self._fold_repeats(repeating, repeats, repeat_at)
-                    repeats = 0
                 repeating = None
                 self.seq, self.at_us = last_seq, last_at
                 epoch = self.epoch
