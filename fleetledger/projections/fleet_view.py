@@ -239,10 +239,6 @@ class FleetView:
         self.seq = seq
         self.at_us = at_us
         if transitions:
-            serving = frozenset(self.serving)
-            if serving != self.last_serving:
-                self.last_serving = serving
-                self.epoch += 1
             self._note_membership()
         return transitions
 
@@ -365,8 +361,9 @@ class FleetView:
         The log never stores one; a hand-built or imported sequence might. ``what``
         names the event when its type may not be the row's (a lifted v1 row).
         """
+        count = len(self.shards)
         for shard in shards:
-            problem = shard_outside(shard, len(self.shards))
+            problem = shard_outside(shard, count)
             if problem is not None:
                 raise ProjectionError(
                     f"run {self.run!r} seq {seq}: {what or event.type}: {problem}"
