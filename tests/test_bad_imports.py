@@ -19,6 +19,7 @@ import json
 import sys
 import zipfile
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -531,9 +532,9 @@ def test_a_member_that_inflates_past_what_the_directory_says_is_refused_while_st
     members = bundle_of_r1(Ctx(sqlite_url, "sqlite", tmp_path))
     claimed = len(dict(members)[member]) - 1  # one byte short: the lie is found at its end
     path = write_zip(tmp_path / "lying.zip", members)
-    with zipfile.ZipFile(path) as real, pytest.raises(BundleError) as info:
+    with zipfile.ZipFile(path) as real, ExitStack() as stack, pytest.raises(BundleError) as info:
         lying: Any = LyingArchive(real, member, claimed=claimed)
-        bundle_module._open_bundle(lying, "lying.zip", ExportChecker(EventCodec()))
+        bundle_module._open_bundle(lying, "lying.zip", ExportChecker(EventCodec()), stack)
     assert f"{member} inflates past the {claimed:,} bytes the zip directory says it holds" in str(
         info.value
     )

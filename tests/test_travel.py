@@ -366,3 +366,67 @@ def test_import_and_export_show_progress_on_a_terminal_only(
         total = sum(1 for _ in file.open())
         assert shown.format(n=n) in drawn
         assert f" of {total:,} events (" in drawn
+
+
+def test_a_sqlite_import_holds_no_write_lock_while_its_lines_are_read(tmp_path: Path) -> None:
+    """SQLite admits one writer at a time: an import reading a slow pipe must not keep a
+    live run's appends to the same ledger waiting. The import is fed 5 MB and left
+    waiting for more (a write to a pipe returns only once the reader has taken all but
+    its last 64 KiB, so the import is well past its first line); an append with a
+    0.2 s busy timeout to another run then succeeds, and the import completes after."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    live = tmp_path / "live.jsonl"
+    live.write_bytes(b"".join(healthy_run("live", 10, 8)))
+    invoke("import", str(live), "--db", url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
+    proc = subprocess.Popen(
+        command("import", "-", "--run", "slow", "--db", url),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdin is not None
+    chunks = healthy_run("generated", 20_000, 64)
+    try:
+        fed = 0
+        for chunk in chunks:
+            proc.stdin.write(chunk)
+            fed += len(chunk)
+            if fed > 5 << 20:
+                break
+        proc.stdin.flush()
+        assert proc.poll() is None  # still reading: the pipe is open
+        with EventLog.open(f"{url}?timeout=0.2") as log:
+            (seq,) = log.append("live", [ProbeRound(ok=(0, 1))])
+        assert seq == 12
+        for chunk in chunks:
+            proc.stdin.write(chunk)
+        proc.stdin.close()
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().startswith("imported 20001 events as run slow")
+
+
+def test_the_progress_total_never_reads_a_pipe_twice(tmp_path: Path) -> None:
+    """A named pipe (as ``<(zcat run.jsonl.gz)`` is) has no total: counting its lines
+    would take the lines the import reads."""
+    from fleetledger.cli.progress import lines_of
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(b"a\nb\n"), daemon=True)
+    writer.start()
+    assert lines_of(str(fifo)) is None
+    with fifo.open("rb") as fh:  # the lines are all still there for the import
+        assert fh.read() == b"a\nb\n"
+    writer.join(timeout=10)
+    regular = tmp_path / "regular"
+    regular.write_bytes(b"a\nb\nc\n")
+    assert lines_of(str(regular)) == 3

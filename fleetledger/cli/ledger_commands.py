@@ -211,7 +211,9 @@ def export(
         reader = RunReader(log, run)
         head = reader.head.seq
         what = f"{'bundling' if bundle is not None else 'exporting'} {run}"
-        with progress_bar(what, head) as progress:
+        # Lines going to the terminal stderr draws on would be torn by the progress line.
+        to_terminal = target is None and sys.stdout.isatty()
+        with progress_bar(what, head, quiet=to_terminal) as progress:
             pages = progress.count_pages(log.read_stored(run, 0, head))
             if bundle is not None:
                 view = reader.view()

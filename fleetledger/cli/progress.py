@@ -10,6 +10,8 @@ exactly what it saw before.
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -157,10 +159,14 @@ def progress_bar(what: str, total: Total, *, quiet: bool = False) -> Iterator[Pr
 
 
 def lines_of(path: str) -> int | None:
-    """The lines of a file (an export's events), counted a megabyte at a time; None when
-    it cannot be read again (the import itself then says why)."""
+    """The lines of a regular file (an export's events), counted a megabyte at a time;
+    None for anything else, or a file that cannot be read again (the import then says
+    why). Never a pipe or a device (``<(zcat run.jsonl.gz)``, ``/dev/stdin``): a second
+    reader of a pipe would take the lines the import is reading."""
     try:
         with open(path, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return None
             return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
     except OSError:
         return None

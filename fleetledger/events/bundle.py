@@ -317,7 +317,7 @@ def open_import(
         with _archive_errors(source):
             _check_extent(archive_stream, source)
             archive = stack.enter_context(zipfile.ZipFile(archive_stream))
-            opened = _open_bundle(archive, source, checker)
+            opened = _open_bundle(archive, source, checker, stack)
         yield opened
 
 
@@ -415,8 +415,11 @@ def _end_of_directory(stream: IO[bytes], size: int) -> tuple[int, int] | None:
     return members, directory
 
 
-def _open_bundle(archive: zipfile.ZipFile, source: str, checker: ExportChecker) -> ImportFile:
-    """Everything of a bundle that can be checked before its rows are read, and the rows."""
+def _open_bundle(
+    archive: zipfile.ZipFile, source: str, checker: ExportChecker, stack: ExitStack
+) -> ImportFile:
+    """Everything of a bundle that can be checked before its rows are read, and the rows
+    (the events member read as they are pulled, closed with ``stack``)."""
     infos = archive.infolist()
     names = Counter(info.filename for info in infos)
     if len(infos) > MAX_MEMBERS:
@@ -470,8 +473,8 @@ def _open_bundle(archive: zipfile.ZipFile, source: str, checker: ExportChecker) 
             "nothing was imported",
         )
 
-    member = _open_member(archive, EVENTS, source)
-    rows = _bundle_rows(checker.rows(read_lines(member)), source)
+    member = stack.enter_context(_open_member(archive, EVENTS, source))
+    rows = _bundle_rows(checker.rows(_zip_read(read_lines(member), source)), source)
     first = next(rows)  # the manifest says the member holds a line
     if checker.lines_run != manifest.run:
         raise BundleError(
@@ -483,15 +486,21 @@ def _open_bundle(archive: zipfile.ZipFile, source: str, checker: ExportChecker) 
     summary = _json_member(archive, SUMMARY, source)
     by_type = _summary_counts(summary, source)
     bundle = Bundle(manifest, config, summary)
-    checked = _checked_to_the_end(first, rows, checker, by_type, source, member)
+    checked = _checked_to_the_end(first, rows, checker, by_type, source)
     return ImportFile(source, checker, checked, bundle, manifest.events)
+
+
+def _zip_read(lines: Iterator[bytes], source: str) -> Iterator[bytes]:
+    """The member's lines, a damaged archive found while inflating them (a CRC that does
+    not match at the end) said as one line about the bundle."""
+    with _archive_errors(source):
+        yield from lines
 
 
 def _bundle_rows(rows: Iterator[ImportRow], source: str) -> Iterator[ImportRow]:
     """A bundle's rows, a refused line named as the bundle's member's."""
     try:
-        with _archive_errors(source):
-            yield from rows
+        yield from rows
     except ImportFileError as exc:
         raise BundleError(source, f"{EVENTS} line {exc.line}: {exc.problem}") from None
 
@@ -502,12 +511,10 @@ def _checked_to_the_end(
     checker: ExportChecker,
     by_type: dict[str, Any],
     source: str,
-    member: IO[bytes],
 ) -> Iterator[ImportRow]:
     """The rows, and after the last one the summary's counts held to them."""
-    with member:
-        yield first
-        yield from rows
+    yield first
+    yield from rows
     if by_type != dict(checker.by_type):
         raise BundleError(
             source,

@@ -71,7 +71,8 @@ _Template = tuple[str, int, Event]
 # Opens an id-less payload for validation (``_first_of``): ``{"id":"-",`` then its fields.
 # A payload of no fields (``{}``) then reads ``{"id":"-",}``, which the validator refuses,
 # and the row goes the slow way (``decode``), which gives it its id.
-_STAND_IN = '{"id":"-",'
+_STAND_IN_ID = "-"
+_STAND_IN = '{"id":"' + _STAND_IN_ID + '",'
 
 _new = object.__new__
 _put = object.__setattr__
@@ -497,7 +498,9 @@ class EventCodec:
                 event = cls.__pydantic_validator__.validate_json(text)
             except ValidationError:
                 event = None
-        if event is None:
+        if event is None or (not old_form and event.id != _STAND_IN_ID):
+            # Refused, or an id-less payload that holds an id after all (written by
+            # something else): ``decode`` reads it whole and holds that id to the row's.
             return self.decode(run, seq, type_, version, payload, event_id)
         if old_form:
             if event_id is not None and event.id != event_id:

@@ -55,6 +55,7 @@ from fleetledger.store.errors import (
     RetryWithLookups,
     UnknownRun,
 )
+from fleetledger.store.import_spool import RowSpool
 from fleetledger.store.records import RunHead, RunSummary, check_run_id
 from fleetledger.store.statements import Conn, InsertRow
 
@@ -531,13 +532,33 @@ class EventLog:
         """Write a run whole from its checked rows, keeping ids, times and versions;
         returns how many were written.
 
-        ``rows`` may be checked as they are pulled (an import file read line by line): they
-        are written a page at a time inside one transaction, so memory holds one page
-        however long the run, and anything raised while pulling them (a refused line)
-        rolls the whole import back. An id on two rows is found by the database's unique
-        key and refused as :class:`ImportedIdTwice` naming both seqs.
+        ``rows`` may be checked as they are pulled (an import file read line by line), and
+        memory holds one page of them however long the run: on PostgreSQL they are
+        written a page at a time inside one transaction, and anything raised while
+        pulling them (a refused line) rolls the whole import back; on SQLite, which
+        admits one writer at a time, they are pulled into a spool on disk first, so the
+        write lock is held only to insert (``import_spool``). An id on two rows is found
+        by the database's unique key (or within a page) and refused as
+        :class:`ImportedIdTwice` naming both seqs.
         """
         check_run_id(run)
+        if self.database.backend == "sqlite":
+            # One writer at a time: the rows are checked into a spool before the write
+            # lock is taken, so the transaction holds it only to insert (import_spool).
+            self._refuse_existing(run)
+            with RowSpool() as spool:
+                spool.fill(rows)
+                return self._write_import(run, spool.rows())
+        return self._write_import(run, rows)
+
+    def _refuse_existing(self, run: str) -> None:
+        with self.database.reading() as conn:
+            if self._head(conn, run, lock=False) is not None:
+                raise AppendRejected(
+                    run, f"run {run!r} already exists here; import it under another name with --run"
+                )
+
+    def _write_import(self, run: str, rows: Iterable[ImportRow]) -> int:
         sql = self._sql
 
         def body(conn: Conn) -> int:
@@ -610,11 +631,16 @@ def _import_pages(run: str, rows: Iterable[ImportRow]) -> Iterator[list[InsertRo
     payload: the driver's parameters for a whole run would hold the run in memory."""
     page: list[InsertRow] = []
     size = 0
+    in_page: dict[str, int] = {}  # an id twice in one page is found before its insert
     for r in rows:
+        first_seq = in_page.setdefault(r.event_id, r.seq)
+        if first_seq != r.seq:
+            raise ImportedIdTwice(run, r.event_id, r.seq, first_seq)
         page.append((run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload))
         size += len(r.payload)
         if len(page) >= READ_PAGE or size >= IMPORT_PAGE_BYTES:
             yield page
             page, size = [], 0
+            in_page.clear()
     if page:
         yield page
