@@ -98,12 +98,29 @@ def _payload(path: str, seq: int) -> tuple[str, str]:
         ).fetchone()
 
 
-def test_a_payload_whose_id_is_not_its_rows_is_refused_naming_the_seq(sqlite_url, tmp_path):
-    """Repeated payloads decode once; a row whose payload holds another id is not one."""
+OTHER_ID = "01234567-89ab-7def-8123-456789abcdef"
+
+
+@pytest.mark.parametrize(
+    "holding",
+    [
+        # as written before schema revision 0003, the id first: another row's id
+        lambda payload: '{"id":"' + OTHER_ID + '","type":"probe_round",' + payload[1:],
+        # id-less as written since, yet holding an id after its fields
+        lambda payload: payload[:-1] + ',"id":"' + OTHER_ID + '"}',
+    ],
+    ids=["id_first", "id_after_the_fields"],
+)
+def test_a_payload_whose_id_is_not_its_rows_is_refused_naming_the_seq(
+    sqlite_url, tmp_path, holding
+):
+    """Repeated payloads decode once; a row whose payload holds another id is not one,
+    by either read."""
     _write(sqlite_url)
     path = str(tmp_path / "ledger.db")
-    event_id, payload = _payload(path, 7)
-    _set_payload(path, 7, payload.replace(event_id, "01234567-89ab-7def-8123-456789abcdef"))
+    _event_id, payload = _payload(path, 7)
+    assert not payload.startswith('{"id"')  # stored without its id
+    _set_payload(path, 7, holding(payload))
     with EventLog.open(sqlite_url) as log, pytest.raises(LedgerError, match="seq 7") as caught:
         list(log.read(RUN))
     assert "is not the row's id" in str(caught.value)
