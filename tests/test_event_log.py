@@ -19,13 +19,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from sqlalchemy import text
 
+from fleetledger.events.codec import FIRST_STAMP, LAST_STAMP
 from fleetledger.events.models import (
     ProbeRound,
     RefitStarted,
     RunEnded,
     RunStarted,
+    datetime_from_us,
+    iso_at,
 )
 from fleetledger.store.database import open_database
 from fleetledger.store.errors import AppendRejected, UnknownRun
@@ -673,3 +678,14 @@ def test_the_codec_stores_what_model_dump_json_writes() -> None:
     ]
     for event in events:
         assert codec.encode(event)[2] == event.model_dump_json(exclude={"id", "type"}), event.type
+
+
+@given(st.integers(min_value=FIRST_STAMP, max_value=LAST_STAMP))
+def test_a_stamp_is_written_as_datetime_writes_it(at_us: int) -> None:
+    """``iso_at`` keeps the second's text between calls: what it writes must be what the
+    datetime of the stamp writes, for every stamp a log stores or names."""
+    expected = datetime_from_us(at_us).isoformat(timespec="microseconds")
+    assert iso_at(at_us) == expected.replace("+00:00", "Z")
+    assert iso_at(at_us, "seconds") == datetime_from_us(at_us).isoformat(
+        timespec="seconds"
+    ).replace("+00:00", "Z")

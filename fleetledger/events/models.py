@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from itertools import pairwise
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, NamedTuple, overload
 
@@ -734,8 +735,22 @@ def datetime_from_us(at_us: int) -> datetime:
 
 
 def iso_at(at_us: int, timespec: str = "microseconds") -> str:
-    """A stored stamp as ISO 8601 in UTC with a ``Z``: the one way every output writes a time."""
-    return datetime_from_us(at_us).isoformat(timespec=timespec).replace("+00:00", "Z")
+    """A stored stamp as ISO 8601 in UTC with a ``Z``: the one way every output writes a time.
+
+    At microseconds (an export's every line, every entry's time) the second is written
+    once and kept (``_second_text``): stamps come in order, many to a second, and the
+    datetime arithmetic cost 2 µs a stamp, a fifth of a million-event export.
+    """
+    if timespec != "microseconds":
+        return datetime_from_us(at_us).isoformat(timespec=timespec).replace("+00:00", "Z")
+    second, micro = divmod(at_us, 1_000_000)
+    return f"{_second_text(second)}.{micro:06d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_text(second: int) -> str:
+    """``YYYY-MM-DDTHH:MM:SS`` of a second since the epoch, as ``isoformat`` writes it."""
+    return datetime_from_us(second * 1_000_000).replace(tzinfo=None).isoformat()
 
 
 def us_from_datetime(at: datetime) -> int:
