@@ -151,3 +151,20 @@ def test_damaged_content_in_a_repeated_payload_is_found_by_every_read(
             assert field.split(":")[0].strip('"') in str(caught.value)
     result = run_cli("membership", RUN, "--db", sqlite_url)
     assert result.exit_code == 2 and "seq 9" in result.stderr
+
+
+def test_a_payload_holding_another_id_is_refused_even_after_a_fold_read_it(sqlite_url, tmp_path):
+    """A fold reads no ids, so it takes such a payload as it is; it must not leave it in
+    the codec's cache, where a later read with ids would take it without the check (as
+    ``explain`` does: a fold, then the evidence by id, on one open log)."""
+    _write(sqlite_url)
+    path = str(tmp_path / "ledger.db")
+    for seq in (7, 9):  # the same text twice: what the cache keeps from a second sighting
+        _event_id, payload = _payload(path, seq)
+        _set_payload(path, seq, payload[:-1] + ',"id":"' + OTHER_ID + '"}')
+    with EventLog.open(sqlite_url) as log:
+        for _ in range(2):
+            assert sum(len(page) for page in log.read_pages(RUN, ids=False)) == EVENTS
+        with pytest.raises(LedgerError, match="seq 7") as caught:
+            list(log.read(RUN))
+    assert "is not the row's id" in str(caught.value)

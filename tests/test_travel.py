@@ -349,8 +349,10 @@ def small_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
         (("export", "small", "--db", "{url}", "-o", "{out}"), "exporting small: "),
         (("export", "small", "--db", "{url}", "--bundle", "{out}.zip"), "bundling small: "),
         (("import", "{file}", "--run", "json-{n}", "--db", "{url}", "--json"), None),
+        # its lines go to a reader that may be the terminal (`export RUN | less`)
+        (("export", "small", "--db", "{url}"), None),
     ],
-    ids=["import", "export", "bundle", "import_json"],
+    ids=["import", "export", "bundle", "import_json", "export_to_a_pipe"],
 )
 def test_import_and_export_show_progress_on_a_terminal_only(
     small_export: tuple[str, Path], tmp_path: Path, args: tuple[str, ...], shown: str | None
@@ -430,3 +432,61 @@ def test_the_progress_total_never_reads_a_pipe_twice(tmp_path: Path) -> None:
     regular = tmp_path / "regular"
     regular.write_bytes(b"a\nb\nc\n")
     assert lines_of(str(regular)) == 3
+
+
+# ── an id on two lines, across pages and within one ─────────────────────────────
+
+
+@pytest.mark.parametrize("spooled", [True, False], ids=["sqlite_spool", "streamed"])
+def test_the_first_line_repeating_an_id_is_named_whichever_page_holds_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spooled: bool
+) -> None:
+    """Pages of five rows: line 7 repeats line 2's id (an earlier page's), and lines 8
+    and 10 share one (within a page). Line 7 comes first, so it is the one named; the
+    in-page repeat waits for the rows before it to meet the database's unique key."""
+    import fleetledger.store.log as log_module
+    from fleetledger.events.codec import EventCodec
+    from fleetledger.events.jsonl import ExportChecker
+    from fleetledger.store.errors import ImportedIdTwice
+
+    monkeypatch.setattr(log_module, "READ_PAGE", 5)
+    lines = [json.loads(line) for line in b"".join(healthy_run("r", 12, 4)).splitlines()]
+    lines[6]["id"] = lines[1]["id"]
+    lines[9]["id"] = lines[7]["id"]
+    text = [json.dumps(line) for line in lines]
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    with EventLog.open(url) as log:
+        if not spooled:  # what PostgreSQL does: rows written as they are checked
+            monkeypatch.setattr(log.database, "backend", "streamed-here")
+        with pytest.raises(ImportedIdTwice) as caught:
+            log.import_run("r", ExportChecker(EventCodec()).rows(text))
+        assert (caught.value.seq, caught.value.first_seq) == (7, 2)
+        assert [r.run_id for r in log.runs()] == []
+
+
+def test_a_spool_gives_back_every_row_in_order_across_pages_cut_by_rows_and_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleetledger.events.jsonl import ImportRow
+    from fleetledger.store import import_spool
+
+    monkeypatch.setattr(import_spool, "SPOOL_PAGE", 7)
+    monkeypatch.setattr(import_spool, "SPOOL_PAGE_BYTES", 100)
+    rows = [
+        ImportRow(i, f"id-{i}", 1000 + i, "probe_round", 2, "x" * (i % 40)) for i in range(1, 200)
+    ]
+    with import_spool.RowSpool(tmp_path) as spool:
+        spool.fill(iter(rows))
+        assert spool.count == len(rows)
+        assert list(spool.rows()) == rows
+        assert list(tmp_path.iterdir()) == []  # anonymous: nothing named beside the ledger
+
+
+def test_a_progress_line_is_cut_to_one_row_of_the_terminal() -> None:
+    clock, screen = Clock(), io.StringIO()
+    progress = Progress("importing " + "r" * 128, 10, screen, clock)
+    progress.width = 40
+    clock.now += 2
+    progress.update(5, 10)
+    drawn = screen.getvalue().removeprefix("\r\x1b[K")
+    assert len(drawn) == 39 and drawn.startswith("importing rrr")

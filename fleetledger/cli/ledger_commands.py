@@ -190,7 +190,7 @@ def export(
     db: DbOption = None,
 ) -> None:
     """Write a run's stored events as JSON Lines, or a bundle (format: docs/events.md)."""
-    from fleetledger.cli.progress import progress_bar
+    from fleetledger.cli.progress import progress_bar, stdout_is_a_file
     from fleetledger.events.bundle import write_bundle
     from fleetledger.events.jsonl import export_lines
     from fleetledger.projections.membership import membership_document
@@ -211,9 +211,11 @@ def export(
         reader = RunReader(log, run)
         head = reader.head.seq
         what = f"{'bundling' if bundle is not None else 'exporting'} {run}"
-        # Lines going to the terminal stderr draws on would be torn by the progress line.
-        to_terminal = target is None and sys.stdout.isatty()
-        with progress_bar(what, head, quiet=to_terminal) as progress:
+        # Lines on stdout go to the terminal stderr draws on, or to a reader that may
+        # be (`export RUN | less`): only a file written here or a regular file on stdout
+        # leaves the terminal to the progress line.
+        quiet = target is None and not stdout_is_a_file()
+        with progress_bar(what, head, quiet=quiet) as progress:
             pages = progress.count_pages(log.read_stored(run, 0, head))
             if bundle is not None:
                 view = reader.view()

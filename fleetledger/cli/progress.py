@@ -10,6 +10,7 @@ exactly what it saw before.
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import sys
@@ -45,6 +46,7 @@ class Progress:
         self.clock = clock
         self.done = 0
         self.started = clock()
+        self.width = _width(stream)
         self._next_look = LOOK_EVERY
         self._drawn_at: float | None = None
 
@@ -73,7 +75,8 @@ class Progress:
         if self._drawn_at is not None and now - self._drawn_at < REDRAW_S:
             return
         self._drawn_at = now
-        self.stream.write("\r\033[K" + self.line(now))
+        # One row, never wrapped: ``\r`` and the erase reach back over one row only.
+        self.stream.write("\r\033[K" + self.line(now)[: self.width - 1])
         self.stream.flush()
 
     def line(self, now: float) -> str:
@@ -136,6 +139,22 @@ def _duration(seconds: float) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def _width(stream: IO[str]) -> int:
+    """The terminal's columns (a very long row where it says none: a test's buffer)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return 1 << 16
+
+
+def stdout_is_a_file() -> bool:
+    """stdout is a regular file (``> out.jsonl``), not a terminal or a reader."""
+    try:
+        return stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
 
 
 def shows_progress(quiet: bool, stream: IO[str] | None = None) -> bool:

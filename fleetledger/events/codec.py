@@ -411,8 +411,9 @@ class EventCodec:
             template = self._templates.get(key)
             if template is not None and template[0] == type_ and template[1] == version:
                 return _with_id(template[2], event_id)
-        event = self._first_of(run, seq, event_id, type_, version, payload)
-        self._remember(key, type_, version, event)
+        event, cacheable = self._first_of(run, seq, event_id, type_, version, payload)
+        if cacheable:
+            self._remember(key, type_, version, event)
         return event
 
     def decode_contents(
@@ -452,7 +453,9 @@ class EventCodec:
                 template = self._templates.get(key)
                 if template is not None and template[0] == type_ and template[1] == version:
                     return template[2]
-        first = self._first_of(run, seq, None, type_, version, payload)
+        first, cacheable = self._first_of(run, seq, None, type_, version, payload)
+        if not cacheable:
+            return first if first.id == "" else _with_id(first, "")
         return self._remember(key, type_, version, first)
 
     def _remember(self, rest: str, type_: str, version: int, first: Event) -> Event:
@@ -481,10 +484,12 @@ class EventCodec:
 
     def _first_of(
         self, run: str, seq: int, event_id: str | None, type_: str, version: int, payload: str
-    ) -> Event:
+    ) -> tuple[Event, bool]:
         """Decode a payload the cache has not seen, validating it whole, with the row's id
         (a payload stored with its own must hold the row's: an import refuses a line whose
-        id differs, so only damage gets here)."""
+        id differs, so only damage gets here); and whether its text may be cached, which
+        an id-less payload that holds an id after all may not: only a whole decode holds
+        that id to the row's, and a cache hit would skip it."""
         cls = self._types.get(type_)
         event: Event | None = None
         old_form = payload.startswith(OLD_FORM_OPENING)
@@ -501,14 +506,15 @@ class EventCodec:
         if event is None or (not old_form and event.id != _STAND_IN_ID):
             # Refused, or an id-less payload that holds an id after all (written by
             # something else): ``decode`` reads it whole and holds that id to the row's.
-            return self.decode(run, seq, type_, version, payload, event_id)
+            decoded = self.decode(run, seq, type_, version, payload, event_id)
+            return decoded, old_form or '"id"' not in payload
         if old_form:
             if event_id is not None and event.id != event_id:
                 raise EventDecodeError(
                     run, seq, f"payload id {cut(event.id)!r} is not the row's id {event_id!r}"
                 )
-            return event
-        return _with_id(event, "" if event_id is None else event_id)
+            return event, True
+        return _with_id(event, "" if event_id is None else event_id), True
 
 
 def stored_payload(cls: type[Event], event: Event) -> str:

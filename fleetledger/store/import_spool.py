@@ -15,32 +15,40 @@ from __future__ import annotations
 import marshal
 import tempfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetledger.events.jsonl import ImportRow
 
-# Rows marshalled at a time: a page of them is what memory holds while parking.
+# Rows marshalled at a time, at most: a page of them is what memory holds while parking
+# (and twice while one is written or read back, the page and its bytes). Bounded by
+# bytes too: a line may hold a megabyte.
 SPOOL_PAGE = 1000
+SPOOL_PAGE_BYTES = 4 << 20
 
 
 class RowSpool:
-    """Rows written to an anonymous temporary file (gone when closed, or with the
-    process), read back in the order they came."""
+    """Rows written to an anonymous temporary file in ``directory`` (gone when closed,
+    or with the process), read back in the order they came. The ledger's own directory,
+    not the system's temporary one: that is often memory (tmpfs), or small, and the
+    rows are about the run's own size."""
 
-    def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()
+    def __init__(self, directory: Path | None = None) -> None:
+        self._file = tempfile.TemporaryFile(dir=directory)
         self.count = 0
 
     def fill(self, rows: Iterable[ImportRow]) -> None:
         """Pull every row (whatever checks pulling them runs, runs here) and park it."""
         page: list[tuple[int, str, int, str, int, str]] = []
+        size = 0
         for r in rows:
             page.append((r.seq, r.event_id, r.at_us, r.type, r.schema_version, r.payload))
-            if len(page) == SPOOL_PAGE:
+            size += len(r.payload)
+            if len(page) == SPOOL_PAGE or size >= SPOOL_PAGE_BYTES:
                 marshal.dump(page, self._file)
                 self.count += len(page)
-                page = []
+                page, size = [], 0
         if page:
             marshal.dump(page, self._file)
             self.count += len(page)

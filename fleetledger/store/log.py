@@ -58,6 +58,7 @@ from fleetledger.store.errors import (
 from fleetledger.store.import_spool import RowSpool
 from fleetledger.store.records import RunHead, RunSummary, check_run_id
 from fleetledger.store.statements import Conn, InsertRow
+from fleetledger.store.urls import sqlite_path
 
 if TYPE_CHECKING:
     from fleetledger.events.jsonl import ImportRow
@@ -546,7 +547,7 @@ class EventLog:
             # One writer at a time: the rows are checked into a spool before the write
             # lock is taken, so the transaction holds it only to insert (import_spool).
             self._refuse_existing(run)
-            with RowSpool() as spool:
+            with RowSpool(sqlite_path(self.database.url).parent) as spool:
                 spool.fill(rows)
                 return self._write_import(run, spool.rows())
         return self._write_import(run, rows)
@@ -635,6 +636,8 @@ def _import_pages(run: str, rows: Iterable[ImportRow]) -> Iterator[list[InsertRo
     for r in rows:
         first_seq = in_page.setdefault(r.event_id, r.seq)
         if first_seq != r.seq:
+            if page:  # its rows go first: one of them may repeat an earlier page's id
+                yield page
             raise ImportedIdTwice(run, r.event_id, r.seq, first_seq)
         page.append((run, r.seq, r.event_id, r.type, r.schema_version, r.at_us, r.payload))
         size += len(r.payload)
