@@ -117,6 +117,18 @@ MEASURING_PARENT = (
 )
 
 
+def fleetledger_command(*args: str) -> list[str]:
+    """``fleetledger ARGS`` in a fresh interpreter of this venv (the installed script's
+    own entry point)."""
+    code = "import sys; sys.argv[0] = 'fleetledger'; from fleetledger.cli import main; main()"
+    return [sys.executable, "-c", code, *args]
+
+
+def command_env() -> dict[str, str]:
+    """The environment a command process gets: none of the shell's ledger settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
+
+
 def run_child(
     args: list[str], cwd: Path, stdin_from: Iterable[bytes] | None = None, timeout: float = 300
 ) -> Child:
@@ -127,12 +139,10 @@ def run_child(
     pipe, long before the chunks end.
     """
     out, err, rss = cwd / "child.stdout", cwd / "child.stderr", cwd / "child.rss"
-    code = "import sys; sys.argv[0] = 'fleetledger'; from fleetledger.cli import main; main()"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
-    env["CHILD_RSS_FILE"] = str(rss)
+    env = {**command_env(), "CHILD_RSS_FILE": str(rss)}
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-c", MEASURING_PARENT, sys.executable, "-c", code, *args],
+            [sys.executable, "-c", MEASURING_PARENT, *fleetledger_command(*args)],
             cwd=cwd,
             env=env,
             stdin=subprocess.PIPE if stdin_from is not None else subprocess.DEVNULL,

@@ -35,7 +35,7 @@ from fleetledger.events.bundle import (
     MANIFEST,
     SUMMARY,
     BundleError,
-    read_bundle,
+    open_import,
 )
 from fleetledger.events.codec import MAX_JSON_DEPTH, EventCodec
 from fleetledger.events.jsonl import ExportChecker
@@ -540,7 +540,7 @@ def test_a_member_that_inflates_past_what_the_directory_says_is_refused_while_st
     )
 
 
-def test_a_bundle_read_from_a_path_is_checked_like_a_stream(
+def test_a_bundle_opened_without_the_command_is_held_to_the_inflation_ratio(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _build(sqlite_url)
@@ -548,7 +548,8 @@ def test_a_bundle_read_from_a_path_is_checked_like_a_stream(
     monkeypatch.setattr(bundle_module, "MAX_INFLATION", 1)
     monkeypatch.setattr(bundle_module, "INFLATION_FLOOR_BYTES", 0)
     with pytest.raises(BundleError, match="more than 1 times"):
-        read_bundle(path, "b.zip", EventCodec())
+        with path.open("rb") as stream, open_import(stream, "b.zip", EventCodec()) as opened:
+            list(opened.rows)
 
 
 # ── memory, on a real child process ───────────────────────────────────────────

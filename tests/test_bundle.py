@@ -398,7 +398,7 @@ def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, da
     import io
     import zipfile
 
-    from fleetledger.events.bundle import read_bundle, write_bundle
+    from fleetledger.events.bundle import open_import, write_bundle
     from fleetledger.events.codec import EventCodec
     from fleetledger.events.errors import LedgerError
     from fleetledger.store.log import EventLog
@@ -420,7 +420,8 @@ def test_a_bundle_member_that_zipfile_cannot_read_is_a_bundle_error(tmp_path, da
         data[local + 8 : local + 10] = (99).to_bytes(2, "little")
         data[central + 10 : central + 12] = (99).to_bytes(2, "little")
     with pytest.raises(LedgerError):
-        read_bundle(io.BytesIO(bytes(data)), "b.zip", EventCodec())
+        with open_import(io.BytesIO(bytes(data)), "b.zip", EventCodec()) as opened:
+            list(opened.rows)
 
 
 def test_a_summary_time_written_with_plus_zero_is_the_same_instant(

@@ -638,12 +638,7 @@ def test_a_snapshot_of_the_previous_projection_version_is_skipped_and_refolded(s
 def test_folding_in_pages_through_the_quiet_fast_path_is_the_plain_fold(records, cuts):
     """``fold_pages`` takes quiet probe rounds of HEALTHY shards through an inlined copy
     of the probe-success rule: wherever the pages are cut, it must equal ``fold``."""
-    pages, at = [], 0
-    for size in cuts:
-        pages.append(records[at : at + size])
-        at += size
-    pages.append(records[at:])
-    assert fold_pages(pages) == fold(records)
+    assert fold_pages(_cut(records, cuts)) == fold(records)
 
 
 @given(
@@ -668,9 +663,14 @@ def test_repeated_rounds_read_as_one_shared_event_fold_as_each_would(records, re
             copies += next(extra, 0)
         for _ in range(copies):
             out.append(RecordedEvent(r.run, len(out) + 1, r.at_us, event))
+    assert fold_pages(_cut(out, cuts)) == fold(out)
+
+
+def _cut(records: list[RecordedEvent], sizes: list[int]) -> list[list[RecordedEvent]]:
+    """``records`` in pages of ``sizes``, then a last page of what is left."""
     pages, at = [], 0
-    for size in cuts:
-        pages.append(out[at : at + size])
+    for size in sizes:
+        pages.append(records[at : at + size])
         at += size
-    pages.append(out[at:])
-    assert fold_pages(pages) == fold(out)
+    pages.append(records[at:])
+    return pages

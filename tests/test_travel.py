@@ -15,7 +15,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 import zipfile
@@ -31,7 +30,15 @@ from fleetledger.events.bundle import EVENTS
 from fleetledger.events.models import FleetConfig, ProbeRound, RunStarted, iso_at
 from fleetledger.store.log import EventLog
 from tests.builders import dump_tables
-from tests.cli_support import Child, invoke, run_child, stderr_on_a_terminal, with_progress_after
+from tests.cli_support import (
+    Child,
+    command_env,
+    fleetledger_command,
+    invoke,
+    run_child,
+    stderr_on_a_terminal,
+    with_progress_after,
+)
 
 T0_US = 1_780_000_000_000_000
 ROUND_US = 5_000_000
@@ -165,21 +172,15 @@ def test_the_run_bundles_and_its_bundle_imports_back_in_bounded_memory(
 KILL_ROUNDS = 40_000  # of 64 shards: a few seconds of import
 
 
-def command(*args: str) -> list[str]:
-    code = "import sys; sys.argv[0] = 'fleetledger'; from fleetledger.cli import main; main()"
-    return [sys.executable, "-c", code, *args]
-
-
 def import_then_kill(url: str, run: str, after_s: float | None) -> int:
     """Import a generated run through a pipe, SIGKILLed ``after_s`` seconds in (None:
     let it finish); its exit status."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
     proc = subprocess.Popen(
-        command("import", "-", "--run", run, "--db", url),
+        fleetledger_command("import", "-", "--run", run, "--db", url),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=env,
+        env=command_env(),
     )
     assert proc.stdin is not None
 
@@ -380,13 +381,12 @@ def test_a_sqlite_import_holds_no_write_lock_while_its_lines_are_read(tmp_path: 
     live = tmp_path / "live.jsonl"
     live.write_bytes(b"".join(healthy_run("live", 10, 8)))
     invoke("import", str(live), "--db", url)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
     proc = subprocess.Popen(
-        command("import", "-", "--run", "slow", "--db", url),
+        fleetledger_command("import", "-", "--run", "slow", "--db", url),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=command_env(),
     )
     assert proc.stdin is not None
     chunks = healthy_run("generated", 20_000, 64)

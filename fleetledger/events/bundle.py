@@ -50,7 +50,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import IO, Any
 
 from pydantic import ValidationError
@@ -319,29 +318,6 @@ def open_import(
             archive = stack.enter_context(zipfile.ZipFile(archive_stream))
             opened = _open_bundle(archive, source, checker, stack)
         yield opened
-
-
-def read_bundle(
-    archive_source: IO[bytes] | Path,
-    source: str,
-    codec: EventCodec,
-    rename_to: str | None = None,
-) -> tuple[Bundle, list[ImportRow]]:
-    """Check every part of a small bundle and hold its rows (for tests and tools that
-    want a bundle's events in hand; the import command writes them as they come)."""
-    if isinstance(archive_source, Path):
-        with archive_source.open("rb") as stream:
-            return read_bundle(stream, source, codec, rename_to)
-    with open_import(archive_source, source, codec, rename_to) as opened:
-        if opened.bundle is None:
-            raise BundleError(source, "not a bundle (a zip archive holding manifest.json)")
-        rows = list(opened.rows)
-        seen: dict[str, int] = {}
-        for row in rows:
-            first = seen.setdefault(row.event_id, row.seq)
-            if first != row.seq:
-                raise opened.id_twice(row.event_id, row.seq, first)
-        return opened.bundle, rows
 
 
 def _chain_first(first: ImportRow | None, rest: Iterator[ImportRow]) -> Iterator[ImportRow]:

@@ -384,7 +384,7 @@ class EventCodec:
         answered again, the same healthy round), and a payload holds no id (the row's
         ``event_id`` column does), so the payload is the key of a cache of validated
         events: a repeat costs a lookup and a copy with the row's id. A payload the cache
-        lacks goes through :meth:`_row_of`.
+        lacks goes through :meth:`_uncached`.
         """
         templates = self._templates
         out: list[RecordedEvent] = []
@@ -393,28 +393,11 @@ class EventCodec:
         for seq, at_us, event_id, type_, version, payload in rows:
             template = templates.get(payload)
             if template is None or template[0] != type_ or template[1] != version:
-                event = self._row_of(run, seq, event_id, type_, version, payload)
+                event = self._uncached(run, seq, event_id, type_, version, payload)
             else:
                 event = _with_id(template[2], event_id)
             append(recorded(RecordedEvent, (run, seq, at_us, event)))
         return out
-
-    def _row_of(
-        self, run: str, seq: int, event_id: str, type_: str, version: int, payload: str
-    ) -> Event:
-        """A row whose payload the cache does not hold as it is: a payload stored with its
-        id (before schema revision 0003) is looked up by what follows the row's id; any
-        other is decoded whole (:meth:`_first_of`, naming its seq when it fails)."""
-        key = payload
-        if payload.startswith(OLD_FORM_OPENING) and payload.startswith(event_id, 7):
-            key = payload[len(event_id) + 7 :]
-            template = self._templates.get(key)
-            if template is not None and template[0] == type_ and template[1] == version:
-                return _with_id(template[2], event_id)
-        event, cacheable = self._first_of(run, seq, event_id, type_, version, payload)
-        if cacheable:
-            self._remember(key, type_, version, event)
-        return event
 
     def decode_contents(
         self, run: str, first_seq: int, rows: Sequence[ContentRow]
@@ -435,28 +418,47 @@ class EventCodec:
         for at_us, type_, version, payload in rows:
             template = templates.get(payload)
             if template is None or template[0] != type_ or template[1] != version:
-                add_event(self._content_of(run, first_seq + len(ats), type_, version, payload))
+                add_event(self._uncached(run, first_seq + len(ats), None, type_, version, payload))
             else:
                 add_event(template[2])
             add_at(at_us)
         return RecordedColumns(run, first_seq, ats, events)
 
-    def _content_of(self, run: str, seq: int, type_: str, version: int, payload: str) -> Event:
-        """``_row_of`` for a fold: a payload stored with its id is looked up by what
-        follows it (cut at the id's closing quote: a stored id holds no quote in practice,
-        and one that did only makes its key longer, a cache miss)."""
+    def _uncached(
+        self,
+        run: str,
+        seq: int,
+        event_id: str | None,
+        type_: str,
+        version: int,
+        payload: str,
+    ) -> Event:
+        """A row whose payload the cache does not hold as it is; ``event_id`` None for a
+        fold (``decode_contents``), which gets the event without an id.
+
+        A payload stored with its id (before schema revision 0003) is looked up by what
+        follows the id: the row's own id, or for a fold whatever id is there, cut at its
+        closing quote (a stored id holds no quote in practice; one that did only makes
+        the key longer, a cache miss). Any other is decoded whole (:meth:`_first_of`,
+        naming its seq when it fails) and cached unless it must not be.
+        """
         key = payload
         if payload.startswith(OLD_FORM_OPENING):
-            cut_at = payload.find('",', 7)
-            if cut_at > 0:
-                key = payload[cut_at:]
-                template = self._templates.get(key)
-                if template is not None and template[0] == type_ and template[1] == version:
-                    return template[2]
-        first, cacheable = self._first_of(run, seq, None, type_, version, payload)
-        if not cacheable:
-            return first if first.id == "" else _with_id(first, "")
-        return self._remember(key, type_, version, first)
+            if event_id is None:
+                cut_at = payload.find('",', 7)
+                key = payload[cut_at:] if cut_at > 0 else payload
+            elif payload.startswith(event_id, 7):
+                key = payload[len(event_id) + 7 :]
+            template = self._templates.get(key)
+            if template is not None and template[0] == type_ and template[1] == version:
+                return template[2] if event_id is None else _with_id(template[2], event_id)
+        event, cacheable = self._first_of(run, seq, event_id, type_, version, payload)
+        if cacheable:
+            bare = self._remember(key, type_, version, event)
+            return bare if event_id is None else event
+        if event_id is None and event.id != "":
+            return _with_id(event, "")
+        return event
 
     def _remember(self, rest: str, type_: str, version: int, first: Event) -> Event:
         """``first`` without its id; cached as what ``rest`` decodes to from the second

@@ -39,6 +39,7 @@ LINE_KEYS = ("run", "seq", "id", "at", "type", "schema_version", "data")
 # file itself has no limit: an import holds a line, never the file.
 MAX_LINE_BYTES = 1 << 20
 READ_CHUNK = 1 << 20
+NO_EVENTS = "the file holds no events"
 
 
 @dataclass(frozen=True)
@@ -184,7 +185,7 @@ class ExportChecker:
     def run(self) -> str:
         run = self.rename_to if self.rename_to is not None else self.lines_run
         if run is None:
-            raise ImportFileError(1, "the file holds no events")
+            raise ImportFileError(1, NO_EVENTS)
         return run
 
     def rows(self, lines: Iterable[str | bytes]) -> Iterator[ImportRow]:
@@ -192,7 +193,7 @@ class ExportChecker:
         for number, raw in enumerate(lines, start=1):
             yield self.check(number, raw)
         if self.count == 0:
-            raise ImportFileError(1, "the file holds no events")
+            raise ImportFileError(1, NO_EVENTS)
 
     def check(self, number: int, raw: str | bytes) -> ImportRow:
         """Line ``number`` checked against the rule and the lines before it; its row."""

@@ -332,12 +332,10 @@ class FleetView:
             if repeats:
                 self._fold_repeats(repeating, repeats, repeat_at)
                 repeats = 0
-            for recorded in rest:  # another run, or a gap: refused as ``apply`` refuses it
+            if rest:  # another run, or a gap: the rest, whose first event ``apply`` refuses
                 self.seq, self.at_us = last_seq, last_at
-                epoch = self.epoch
-                transitions = self.apply(recorded)
+                yield from self.apply_page(rest)
                 last_seq, last_at = self.seq, self.at_us
-                yield recorded, transitions, epoch
         finally:  # the position is the last event folded, however the page ends
             if repeats:
                 self._fold_repeats(repeating, repeats, repeat_at)

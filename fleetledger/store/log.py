@@ -555,18 +555,14 @@ class EventLog:
     def _refuse_existing(self, run: str) -> None:
         with self.database.reading() as conn:
             if self._head(conn, run, lock=False) is not None:
-                raise AppendRejected(
-                    run, f"run {run!r} already exists here; import it under another name with --run"
-                )
+                raise _imported_over(run)
 
     def _write_import(self, run: str, rows: Iterable[ImportRow]) -> int:
         sql = self._sql
 
         def body(conn: Conn) -> int:
             if self._head(conn, run, lock=True) is not None:
-                raise AppendRejected(
-                    run, f"run {run!r} already exists here; import it under another name with --run"
-                )
+                raise _imported_over(run)
             pulled = iter(rows)
             first = next(pulled, None)
             if first is None:
@@ -625,6 +621,12 @@ class EventLog:
         at_most = SEQ_LIMIT if at_most_seq is None else at_most_seq
         with self.database.reading() as conn:
             return self._sql.load_snapshot(conn, run, projection_version, at_most)
+
+
+def _imported_over(run: str) -> AppendRejected:
+    return AppendRejected(
+        run, f"run {run!r} already exists here; import it under another name with --run"
+    )
 
 
 def _import_pages(run: str, rows: Iterable[ImportRow]) -> Iterator[list[InsertRow]]:
