@@ -418,17 +418,20 @@ def test_a_sqlite_import_holds_no_write_lock_while_its_lines_are_read(tmp_path: 
 
 def test_the_progress_total_never_reads_a_pipe_twice(tmp_path: Path) -> None:
     """A named pipe (as ``<(zcat run.jsonl.gz)`` is) has no total: counting its lines
-    would take the lines the import reads."""
+    would take the lines the import reads. The pipe is held open for reading and
+    writing here (Linux: neither end then waits for the other), lines written into it,
+    and after ``lines_of`` they are all still there to read."""
     from fleetledger.cli.progress import lines_of
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    writer = threading.Thread(target=lambda: fifo.write_bytes(b"a\nb\n"), daemon=True)
-    writer.start()
-    assert lines_of(str(fifo)) is None
-    with fifo.open("rb") as fh:  # the lines are all still there for the import
-        assert fh.read() == b"a\nb\n"
-    writer.join(timeout=10)
+    held = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(held, b"a\nb\n")
+        assert lines_of(str(fifo)) is None
+        assert os.read(held, 100) == b"a\nb\n"
+    finally:
+        os.close(held)
     regular = tmp_path / "regular"
     regular.write_bytes(b"a\nb\nc\n")
     assert lines_of(str(regular)) == 3
