@@ -37,12 +37,11 @@ import asyncio
 import math
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, cast
 
-import aiohttp
 import structlog
-from aiohttp import web
 from pydantic import ValidationError
 
 from fleetledger.adapters.late_reports import LateReports
@@ -51,9 +50,12 @@ from fleetledger.adapters.outcome_reporter import OutcomeReporter
 from fleetledger.config import ControllerConfig, RouterConfig
 from fleetledger.errors import FleetledgerError
 from fleetledger.events.errors import LedgerError
+from fleetledger.router.backends import BackendPool, Origin
+from fleetledger.router.front import Front, Inbound
 from fleetledger.router.listen import bind_listening, reserve_port
+from fleetledger.router.loops import event_loop_runner
 from fleetledger.router.metrics import RouterMetrics
-from fleetledger.router.proxy import Forwarded, error_response, forward
+from fleetledger.router.proxy import Forwarded, answer, error_answer, forward
 from fleetledger.router.routing_table import (
     Avoidance,
     Backend,
@@ -63,14 +65,16 @@ from fleetledger.router.routing_table import (
 from fleetledger.store.errors import AppendRejected, RunAlreadyEnded
 from fleetledger.store.log import EventLog
 
-__all__ = ["ROUTES", "Router", "RouterError", "reserve_port"]
+__all__ = ["METHODS", "ROUTES", "Router", "RouterError", "reserve_port"]
 
 _log = structlog.get_logger("fleetledger.router")
 
 ROUTES = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize"}
 )
+METHODS = frozenset({b"GET", b"POST"})  # what the OpenAI routes take; anything else is 405
 STOP_GRACE_S = 5.0  # in-flight requests a stopping router lets finish
+_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 
 class RouterError(FleetledgerError):
@@ -97,7 +101,7 @@ def recorded_router_config(run: str, settings: Mapping[str, Any]) -> RouterConfi
 
 
 class Router:
-    """An aiohttp reverse proxy over the serving shards of one run (module docstring)."""
+    """A reverse proxy over the serving shards of one run (module docstring)."""
 
     def __init__(
         self,
@@ -151,10 +155,10 @@ class Router:
         self._table = table
         self._in_flight = InFlight()
         self._note_routable()
-        self.app = web.Application()
-        self.app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._origins: dict[str, Origin] = {}
+        self._pool = BackendPool(self.config.connect_bound_s)
+        self._server: asyncio.Server | None = None
+        self._fronts: weakref.WeakSet[Front] = weakref.WeakSet()  # open connections
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
 
@@ -189,24 +193,20 @@ class Router:
 
     async def start(self) -> None:
         """Serve on the socket bound in ``__init__``; follow the run; report windows."""
-        if self._runner is not None or self._stopped:
+        if self._server is not None or self._stopped:
             raise RouterError(f"router for run {self.run!r}: start() may be called once")
-        timeout = aiohttp.ClientTimeout(
-            total=self.config.backend_bound_s, sock_connect=self.config.connect_bound_s
-        )
-        # No connection-pool cap: a cap queues rollouts inside the router, invisibly.
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
-        )
-        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=STOP_GRACE_S)
-        await self._runner.setup()
-        await web.SockSite(self._runner, self._sock).start()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._front, sock=self._sock, backlog=1024)
         self._tasks = [
             asyncio.create_task(self._follow(), name=f"router-follow-{self.run}"),
             asyncio.create_task(self._report(), name=f"router-report-{self.run}"),
         ]
         _log.info("router serving", run=self.run, url=self.url, routable=self.routable)
+
+    def _front(self) -> Front:
+        front = Front(self._handle)
+        self._fronts.add(front)
+        return front
 
     async def stop(self) -> None:
         """Stop serving (in-flight requests get ``STOP_GRACE_S``), then hand over the
@@ -217,12 +217,18 @@ class Router:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._server is not None:
+            self._server.close()  # no new connections; those open finish what they hold
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STOP_GRACE_S
+            while self._in_flight and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+            for front in list(self._fronts):
+                front.close()
+            self._fronts.clear()
         else:
             self._sock.close()
-        if self._session is not None:
-            await self._session.close()
+        self._pool.close()
         await asyncio.to_thread(self._close_ledger)
 
     async def flush(self, settle_s: float = STOP_GRACE_S) -> int | None:
@@ -241,9 +247,11 @@ class Router:
         return await asyncio.to_thread(self.reporter.flush)
 
     def serve_forever(self, stop: threading.Event | None = None) -> None:
-        """Run the router on an event loop of its own in the calling thread until ``stop``
-        is set (or the loop is interrupted); the last window is handed over either way."""
-        asyncio.run(self._serve(stop))
+        """Run the router on an event loop of its own in the calling thread (uvloop where
+        it is installed) until ``stop`` is set (or the loop is interrupted); the last
+        window is handed over either way."""
+        with event_loop_runner() as runner:
+            runner.run(self._serve(stop))
 
     async def _serve(self, stop: threading.Event | None) -> None:
         await self.start()
@@ -338,44 +346,68 @@ class Router:
 
     # ── the handler ─────────────────────────────────────────────────────────
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
+    async def _handle(self, front: Front, inbound: Inbound) -> None:
+        path = inbound.path
         if path == "/metrics":
-            return web.Response(body=self.metrics.render(), content_type="text/plain")
+            answer(front, inbound, 200, self.metrics.render(), _METRICS_TYPE)
+            return
         if path not in ROUTES:
-            self.metrics.requests.labels(route="other", status="404").inc()
-            return error_response(
+            self.metrics.count(route="other", status="404")
+            error_answer(
+                front,
+                inbound,
                 404,
                 "not_found",
                 f"{path} is not a route of this router (routes: {', '.join(sorted(ROUTES))})",
             )
+            return
+        if inbound.method not in METHODS:
+            self.metrics.count(route=path, status="405")
+            method = inbound.method.decode("latin-1")
+            error_answer(
+                front, inbound, 405, "method_not_allowed", f"{method} {path}: routes take GET, POST"
+            )
+            return
         arrived = time.monotonic()
         table = self._table
         shard = self._in_flight.take(table.candidates(self.avoidance.avoided))
         if shard is None:
-            return self._no_healthy(path, table)
+            self._no_healthy(front, inbound, path, table)
+            return
         backend = table.backends[shard]
+        base_url = backend.base_url
         try:
-            # A candidate is routable, so its origin is an HTTP(S) URL (tested rule).
-            origin = cast(str, backend.origin)
-            done = await forward(request, self._session_or_fail(), origin, shard=shard)
+            done = await forward(
+                front,
+                inbound,
+                self._pool,
+                self._origin(backend),
+                shard=shard,
+                bound_s=self.config.backend_bound_s,
+                version_at=backend.weight_version,
+                version_now=lambda: self._table.weight_version_of(shard, base_url),
+            )
         finally:
             self._in_flight.release(shard)
         self._account(backend, done)
-        # "cut": the backend failed after its answer had started; the client's
-        # connection was cut without the final chunk.
-        status = "cut" if done.error is not None and done.status is not None else None
-        self.metrics.requests.labels(route=path, status=status or str(done.response.status)).inc()
+        self.metrics.count(route=path, status=_status_label(done))
         if done.first_byte_at is not None:
             self.metrics.added_latency.observe(
                 max(0.0, done.first_byte_at - arrived - done.backend_wait_s)
             )
-        return done.response
 
-    def _no_healthy(self, path: str, table: RoutingTable) -> web.Response:
+    def _origin(self, backend: Backend) -> Origin:
+        # A candidate is routable, so its origin is an HTTP(S) URL (tested rule).
+        origin = cast(str, backend.origin)
+        dial = self._origins.get(origin)
+        if dial is None:
+            dial = self._origins[origin] = Origin(origin)
+        return dial
+
+    def _no_healthy(self, front: Front, inbound: Inbound, path: str, table: RoutingTable) -> None:
         status = self.config.no_healthy_status
         self.metrics.no_healthy.inc()
-        self.metrics.requests.labels(route=path, status=str(status)).inc()
+        self.metrics.count(route=path, status=str(status))
         if table.ended is not None:
             why = f"run {self.run!r} ended {table.ended}"
         else:
@@ -386,11 +418,21 @@ class Router:
             why += f"; avoided after errors: {avoided}" if avoided else ""
             why += f"; not HTTP: {not_http}" if not_http else ""
             why += ")"
-        return error_response(
-            status, "no_healthy_shards", f"no healthy shards: no serving backend for {why}"
+        error_answer(
+            front,
+            inbound,
+            status,
+            "no_healthy_shards",
+            f"no healthy shards: no serving backend for {why}",
         )
 
-    def _session_or_fail(self) -> aiohttp.ClientSession:
-        if self._session is None:  # pragma: no cover - the site only runs after start()
-            raise RouterError(f"router for run {self.run!r} was not started")
-        return self._session
+
+def _status_label(done: Forwarded) -> str:
+    """The requests metric's status: the client's answer; ``cut`` when the backend
+    failed after its answer had started (the client's connection was cut without the
+    final chunk); ``client_gone`` when the client left before any answer."""
+    if done.error is not None and done.status is not None:
+        return "cut"
+    if done.answered:
+        return str(done.answered)
+    return "client_gone" if done.client_gone else str(done.status or 0)

@@ -10,6 +10,8 @@ byte; streaming the rest of the body is not included.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["RouterMetrics"]
@@ -60,6 +62,17 @@ class RouterMetrics:
             registry=self.registry,
         )
         self.info.labels(**labels).set(1)
+        self._requests_by: dict[tuple[str, str], Any] = {}
+
+    def count(self, *, route: str, status: str) -> None:
+        """One request answered; the labelled child is looked up once per pair (the
+        label lookup costs more than the increment, on every request)."""
+        child = self._requests_by.get((route, status))
+        if child is None:
+            child = self._requests_by[(route, status)] = self.requests.labels(
+                route=route, status=status
+            )
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

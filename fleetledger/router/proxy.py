@@ -6,193 +6,371 @@ Rules of this file, and why:
   the backend's status, headers and body come back as they are (a 400 stays a 400).
   A redirect would put the client's socket back on an engine directly, and the next
   dead engine would hang it again.
-- **Streamed both ways in 64 KiB chunks**, each written as it arrives: a completion
-  carrying per-token logprobs is large and on every rollout's critical path, and an
-  SSE stream must reach the client event by event.
+- **Streamed both ways as the bytes arrive**: each piece the backend sends is written
+  to the client from the callback that parsed it (a completion carrying per-token
+  logprobs is large and on every rollout's critical path, and an SSE stream must reach
+  the client event by event). When the client cannot take more, the backend's socket
+  stops being read until it can.
 - **Hop-by-hop headers are stripped** (RFC 9110 §7.6.1: ``Connection`` and every
   header it names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``,
-  ``Transfer-Encoding``, ``Upgrade``) along with ``Host``; ``Content-Length`` is kept
-  only where the body is passed with the same framing, so a re-chunked body never
+  ``Transfer-Encoding``, ``Upgrade``) along with ``Host`` (the backend's own is sent)
+  and ``Expect`` (the router answers ``100-continue`` itself); ``Content-Length`` is
+  kept only where the body is passed with the same framing, so a re-chunked body never
   carries a length.
-- **A backend failure is never aiohttp's 504.** A timeout or connection error before
+- **A backend failure is never a gateway's 504.** A timeout or connection error before
   the backend answered becomes a 500 with a JSON body; after the answer started, the
   client's connection is cut without the final chunk, so a truncated body can never
   pass for a complete one. Either way it is the backend's failure, reported as such.
 - **A client that goes away is nobody's failure**: it is told apart from a backend
-  failure (which side raised) and not counted against the shard.
+  failure (which side failed) and not counted against the shard; the backend's
+  connection is dropped, so an engine stops generating what nobody will read.
+- **The weights behind every answer** (``x-fleetledger-weight-version``): the shard's
+  weight version in the ledger when the request was routed; when the version has moved
+  by the time the answer's head is written, ``x-fleetledger-weight-version-end`` carries
+  the new one; when it moves while an event stream is still flowing, the stream ends
+  with an SSE comment line ``: x-fleetledger-weight-version-end N`` (a line every SSE
+  parser skips, the ``openai`` client's included) before its last chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
+from fleetledger.router.backends import BackendConnection, BackendPool, Headers, Origin
+from fleetledger.router.front import Front, Inbound
 
 __all__ = [
-    "CHUNK_BYTES",
     "SHARD_HEADER",
+    "WEIGHT_VERSION_END_HEADER",
+    "WEIGHT_VERSION_HEADER",
     "Forwarded",
-    "error_response",
+    "answer",
+    "error_answer",
     "forward",
     "forwarded_headers",
 ]
 
 SHARD_HEADER = "x-fleetledger-shard"
 """The response header naming the shard that answered (added to the backend's own)."""
+WEIGHT_VERSION_HEADER = "x-fleetledger-weight-version"
+"""The shard's weight version in the ledger when the request was routed."""
+WEIGHT_VERSION_END_HEADER = "x-fleetledger-weight-version-end"
+"""The shard's weight version when the answer ended, where it differs from the start's."""
 
-CHUNK_BYTES = 64 * 1024
 _DETAIL_BYTES = 4096  # of an error body, kept for the taxonomy (e.g. "maximum context length")
 
 HOP_BY_HOP = frozenset(
     {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
     }
 )
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"expect"}
+_NO_BODY_STATUSES = frozenset({204, 304})
 
 
-def forwarded_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], *, keep_length: bool
-) -> CIMultiDict[str]:
-    """``headers`` without the hop-by-hop ones (and those ``Connection`` names), without
-    ``Host``, and without ``Content-Length`` unless ``keep_length``."""
-    named = {
-        token.strip().lower()
-        for value in headers.getall("Connection", [])
-        for token in value.split(",")
-        if token.strip()
-    }
-    drop = HOP_BY_HOP | named | {"host"}
+def forwarded_headers(headers: Headers, *, keep_length: bool) -> list[bytes]:
+    """``headers`` as ``b"Name: value\\r\\n"`` lines, without the hop-by-hop ones (and
+    those ``Connection`` names), ``Host``, ``Expect``, and ``Content-Length`` unless
+    ``keep_length``."""
+    drop = _NOT_FORWARDED
+    for name, value in headers:
+        if name.lower() == b"connection":
+            named = {t.strip().lower() for t in value.split(b",") if t.strip()}
+            drop = drop | named
     if not keep_length:
-        drop = drop | {"content-length"}
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        if name.lower() not in drop:
-            out.add(name, value)
-    return out
+        drop = drop | {b"content-length"}
+    return [b"%s: %s\r\n" % (n, v) for n, v in headers if n.lower() not in drop]
 
 
-def error_response(status: int, kind: str, message: str) -> web.Response:
+def _framing(headers: Headers) -> tuple[bool, bool]:
+    """(chunked, has a Content-Length) of a message's headers."""
+    chunked = False
+    length = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == b"transfer-encoding":
+            chunked = chunked or b"chunked" in value.lower()
+        elif lowered == b"content-length":
+            length = True
+    return chunked, length
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def answer(
+    front: Front,
+    inbound: Inbound,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: bytes = b"",
+) -> None:
+    """Write a whole answer of the router's own."""
+    connection = b"" if inbound.keep_alive else b"Connection: close\r\n"
+    front.write(
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n%s"
+        % (status, _reason(status), content_type, len(body), connection, extra, body)
+    )
+
+
+def error_answer(front: Front, inbound: Inbound, status: int, kind: str, message: str) -> None:
     """An answer of the router's own, in the OpenAI error shape clients parse."""
     body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.json_response(body, status=status)
+    answer(front, inbound, status, json.dumps(body).encode())
 
 
 @dataclass(slots=True)
 class Forwarded:
     """What happened to one forwarded request, for the outcome window and the metrics."""
 
-    response: web.StreamResponse
     status: int | None = None  # the backend's status, when it answered
     error: BaseException | None = None  # the backend's timeout or connection error
     detail: str = ""  # the start of an error body, for the taxonomy
     client_gone: bool = False
-    backend_wait_s: float = 0.0  # from sending the request to the backend's headers
+    backend_wait_s: float = 0.0  # from sending the request to the backend's head
     first_byte_at: float | None = None  # monotonic time the client's answer started
+    answered: int = 0  # the status the client was given (0: none, the connection was cut)
 
 
-class _ClientBody:
-    """The client's request body as 64 KiB chunks, noting whether reading it failed
-    (the client's fault) so the error is not blamed on the backend."""
+class _Exchange:
+    """One request in flight to one backend: the listener of the backend connection
+    (``head``, ``body``, ``end``, ``failed``) and of the client's (``client_lost``,
+    ``client_writable``). Resolves ``done`` once, with what happened."""
 
-    def __init__(self, request: web.Request) -> None:
-        self._content = request.content
-        self.failed = False
+    __slots__ = (
+        "_chunked_out",
+        "_detail",
+        "_event_stream",
+        "_sent_at",
+        "conn",
+        "done",
+        "front",
+        "inbound",
+        "outcome",
+        "shard",
+        "timer",
+        "version_at",
+        "version_now",
+    )
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._content.iter_chunked(CHUNK_BYTES):
-                yield chunk
-        except (aiohttp.ClientError, ConnectionError, asyncio.IncompleteReadError):
-            self.failed = True
-            raise
+    def __init__(
+        self,
+        front: Front,
+        inbound: Inbound,
+        conn: BackendConnection,
+        shard: int,
+        version_at: int,
+        version_now: Callable[[], int | None],
+    ) -> None:
+        self.front = front
+        self.inbound = inbound
+        self.conn = conn
+        self.shard = shard
+        self.version_at = version_at
+        self.version_now = version_now
+        self.outcome = Forwarded()
+        self.done: asyncio.Future[Forwarded] = asyncio.get_running_loop().create_future()
+        self.timer: asyncio.TimerHandle | None = None
+        self._detail = bytearray()
+        self._chunked_out = False
+        self._event_stream = False
+        self._sent_at = time.monotonic()
+
+    # ── the backend's side ──────────────────────────────────────────────────
+
+    def head(self, status: int, headers: Headers, keep_alive: bool) -> None:
+        now = time.monotonic()
+        outcome = self.outcome
+        outcome.status = status
+        outcome.backend_wait_s = now - self._sent_at
+        front = self.front
+        if front.closed:
+            self.client_lost()
+            return
+        chunked, has_length = _framing(headers)
+        keep_length = has_length and not chunked
+        lines = forwarded_headers(headers, keep_length=keep_length)
+        lines.append(b"%s: %d\r\n" % (SHARD_HEADER.encode(), self.shard))
+        lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_HEADER.encode(), self.version_at))
+        now_version = self.version_now()
+        if now_version is not None and now_version != self.version_at:
+            lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_END_HEADER.encode(), now_version))
+            self.version_at = now_version  # the stream's comment names a later move only
+        bodyless = status in _NO_BODY_STATUSES or 100 <= status < 200
+        keep_client = self.inbound.keep_alive
+        if not keep_length and not bodyless:
+            if self.inbound.version == b"1.1":
+                lines.append(b"Transfer-Encoding: chunked\r\n")
+                self._chunked_out = True
+            else:
+                keep_client = False  # HTTP/1.0: the end of the body is the connection's
+        if not keep_client:
+            self.inbound.keep_alive = False
+            lines.append(b"Connection: close\r\n")
+        for name, value in headers:
+            if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
+                self._event_stream = True
+        front.write(b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, _reason(status), b"".join(lines)))
+        outcome.answered = status
+        outcome.first_byte_at = time.monotonic()
+        front.on_writable = self.client_writable
+        front.on_lost = self.client_lost
+
+    def body(self, chunk: bytes) -> None:
+        outcome = self.outcome
+        if outcome.status is not None and outcome.status >= 400:
+            room = _DETAIL_BYTES - len(self._detail)
+            if room > 0:
+                self._detail += chunk[:room]
+        front = self.front
+        if self._chunked_out:
+            front.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        else:
+            front.write(chunk)
+        if front.write_paused:
+            self.conn.pause_reading()
+
+    def end(self) -> None:
+        if self._chunked_out:
+            tail = b"0\r\n\r\n"
+            if self._event_stream:
+                moved = self.version_now()
+                if moved is not None and moved != self.version_at:
+                    comment = b": %s %d\n\n" % (WEIGHT_VERSION_END_HEADER.encode(), moved)
+                    tail = b"%x\r\n%s\r\n%s" % (len(comment), comment, tail)
+            self.front.write(tail)
+        elif not self.inbound.keep_alive:
+            self.front.close()
+        self._finish()
+
+    def failed(self, exc: BaseException) -> None:
+        outcome = self.outcome
+        outcome.error = exc
+        if outcome.first_byte_at is not None:
+            # The answer has started: cut the client's connection without the final
+            # chunk, so a truncated body never reads as a complete one.
+            outcome.answered = 0
+            self.front.abort()
+        elif self.inbound.failed or self.front.closed:
+            outcome.error = None
+            outcome.client_gone = True
+        else:
+            message = (
+                f"backend of shard {self.shard} ({self.conn.origin.key}) failed before "
+                f"answering: {type(exc).__name__}: {exc}"
+            )
+            error_answer(self.front, self.inbound, 500, "backend_error", message)
+            outcome.answered = 500
+        self._finish()
+
+    def timed_out(self) -> None:
+        if self.done.done():
+            return
+        self.conn.abort()
+        self.failed(TimeoutError(f"no whole answer within the backend bound ({self._bound()})"))
+
+    def _bound(self) -> str:
+        return "router backend_timeout_s"
+
+    # ── the client's side ───────────────────────────────────────────────────
+
+    def client_lost(self) -> None:
+        if self.done.done():
+            return
+        self.conn.abort()
+        self.outcome.client_gone = True
+        self._finish()
+
+    def client_writable(self) -> None:
+        self.conn.resume_reading()
+
+    def _finish(self) -> None:
+        if self.done.done():
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        self.front.on_writable = None
+        self.front.on_lost = None
+        self.outcome.detail = self._detail.decode("utf-8", errors="replace")
+        self.done.set_result(self.outcome)
+
+    # ── the client's body, onwards ──────────────────────────────────────────
+
+    def send_body_chunked(self, chunk: bytes) -> None:
+        if chunk:
+            self.conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+
+    def end_body_chunked(self) -> None:
+        self.conn.write(b"0\r\n\r\n")
+
+    def client_body_done(self) -> None:
+        pass
 
 
 async def forward(
-    request: web.Request,
-    session: aiohttp.ClientSession,
-    origin: str,
+    front: Front,
+    inbound: Inbound,
+    pool: BackendPool,
+    origin: Origin,
     *,
     shard: int,
+    bound_s: float,
+    version_at: int,
+    version_now: Callable[[], int | None],
 ) -> Forwarded:
-    """Send ``request`` to the backend at ``origin`` and stream its answer back."""
-    target = origin + request.rel_url.path_qs
-    body = _ClientBody(request) if request.body_exists else None
-    headers = forwarded_headers(
-        request.headers, keep_length=request.headers.get("Transfer-Encoding") is None
-    )
-    sent_at = time.monotonic()
+    """Send ``inbound`` to the backend at ``origin`` and stream its answer back to the
+    client; returns what happened once the exchange is over."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    if inbound.expect_continue:
+        front.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     try:
-        async with session.request(
-            request.method,
-            target,
-            headers=headers,
-            data=body.chunks() if body is not None else None,
-            allow_redirects=False,
-        ) as upstream:
-            waited = time.monotonic() - sent_at
-            return await _stream_back(request, upstream, waited, shard)
-    except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-        if body is not None and body.failed:
-            return Forwarded(web.Response(status=400), client_gone=True)
+        conn = await pool.acquire(origin)
+    except (OSError, TimeoutError) as exc:
+        if inbound.failed or front.closed:
+            return Forwarded(client_gone=True)
         message = (
-            f"backend of shard {shard} ({origin}) failed before answering: "
-            f"{type(exc).__name__}: {exc}"
+            f"backend of shard {shard} ({origin.key}) failed before answering: "
+            f"{type(exc).__name__}: {exc or 'connect timed out'}"
         )
-        return Forwarded(error_response(500, "backend_error", message), error=exc)
-
-
-async def _stream_back(
-    request: web.Request, upstream: aiohttp.ClientResponse, waited: float, shard: int
-) -> Forwarded:
-    chunked = "chunked" in upstream.headers.get("Transfer-Encoding", "").lower()
-    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    response.headers.extend(forwarded_headers(upstream.headers, keep_length=not chunked))
-    # Which shard answered: a client that counts outcomes per shard, or a person reading
-    # a trace, need not guess it from the router's log.
-    response.headers[SHARD_HEADER] = str(shard)
-    done = Forwarded(response, status=upstream.status, backend_wait_s=waited)
-    head = bytearray()
-    try:
-        await response.prepare(request)
-    except ConnectionError:
-        done.client_gone = True
-        return done
-    done.first_byte_at = time.monotonic()
-    while True:
-        try:
-            chunk = await upstream.content.read(CHUNK_BYTES)
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            # The answer has started: cut the client's connection without the final
-            # chunk, so a truncated body never reads as a complete one.
-            done.error = exc
-            if request.transport is not None:
-                request.transport.abort()
-            return done
-        if not chunk:
-            break
-        if upstream.status >= 400 and len(head) < _DETAIL_BYTES:
-            head += chunk[: _DETAIL_BYTES - len(head)]
-        try:
-            await response.write(chunk)
-        except ConnectionError:
-            done.client_gone = True
-            return done
-    try:
-        await response.write_eof()
-    except ConnectionError:
-        done.client_gone = True
-    done.detail = head.decode("utf-8", errors="replace")
-    return done
+        error_answer(front, inbound, 500, "backend_error", message)
+        return Forwarded(error=exc, answered=500)
+    exchange = _Exchange(front, inbound, conn, shard, version_at, version_now)
+    front.on_lost = exchange.client_lost
+    if front.closed:
+        exchange.client_lost()
+        return await exchange.done
+    exchange.timer = loop.call_at(deadline, exchange.timed_out)
+    chunked_in, has_length = _framing(inbound.headers)
+    lines = forwarded_headers(inbound.headers, keep_length=has_length and not chunked_in)
+    if chunked_in:
+        lines.append(b"Transfer-Encoding: chunked\r\n")
+    conn.send(
+        exchange,
+        b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n"
+        % (inbound.method, origin.prefix, inbound.target, origin.host_header, b"".join(lines)),
+    )
+    if inbound.has_body or chunked_in:
+        if chunked_in:
+            inbound.take_body(exchange.send_body_chunked, exchange.end_body_chunked)
+        else:
+            inbound.take_body(conn.write, exchange.client_body_done)
+    return await exchange.done

@@ -66,6 +66,7 @@ class Backend:
     base_url: str  # as the ledger records it
     origin: str | None  # None: not an HTTP(S) URL, never routed to
     serving: bool
+    weight_version: int = 0  # the trainer's version at the shard's last completed refit
 
     @property
     def routable(self) -> bool:
@@ -86,6 +87,12 @@ class RoutingTable:
 
     def url_of(self, shard: int) -> str:
         return self.backends[shard].base_url
+
+    def weight_version_of(self, shard: int, base_url: str) -> int | None:
+        """The shard's weight version now, or ``None`` when its base URL is no longer
+        ``base_url`` (another engine: nothing to say about the first one's weights)."""
+        backend = self.backends[shard]
+        return backend.weight_version if backend.base_url == base_url else None
 
     def candidates(self, avoided: Container[int]) -> Iterator[int]:
         """The shards a request may go to: routable and not ``avoided``; none once the
@@ -160,7 +167,11 @@ class RoutingTableFollower:
                     shard=record.index,
                     base_url=record.base_url,
                 )
-            backends.append(Backend(record.index, record.base_url, origin, record.serving))
+            backends.append(
+                Backend(
+                    record.index, record.base_url, origin, record.serving, record.weight_version
+                )
+            )
         ended = None
         if view.ended is not None:
             ended = f"at seq {view.ended.seq} ({view.ended.outcome}: {view.ended.cause})"

@@ -1,0 +1,221 @@
+"""The backends' side of the router: kept-alive HTTP/1.1 connections to each shard's
+origin, and the answers parsed off them.
+
+Rules of this file, and why:
+
+- **No pool cap.** A cap queues rollouts inside the router, invisibly; every request
+  that finds no idle connection opens one (within the connect bound).
+- **Idle connections are dropped before the backend would drop them.** uvicorn (vLLM's
+  server) closes a connection idle for 5 s; a request written onto a connection the
+  backend is closing at that instant fails through no fault of the shard. Connections
+  idle past ``IDLE_BOUND_S`` are not reused, and one the backend closed while idle
+  leaves the pool at once.
+- **A connection serves one exchange at a time** and returns to the pool only after a
+  whole answer that the backend allows to be followed (keep-alive); anything cut,
+  failed or timed out is closed, never reused: its framing cannot be trusted.
+- **The answer is handed on as it is parsed** (head, body pieces, end) to the
+  exchange's callbacks, with no await per piece: streaming is a callback chain from the
+  backend's socket to the client's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = ["IDLE_BOUND_S", "BackendConnection", "BackendPool", "Listener", "Origin"]
+
+IDLE_BOUND_S = 4.0
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class Listener(Protocol):
+    """What a backend connection tells about the answer in progress."""
+
+    def head(self, status: int, headers: Headers, keep_alive: bool) -> None: ...
+    def body(self, chunk: bytes) -> None: ...
+    def end(self) -> None: ...
+    def failed(self, exc: BaseException) -> None: ...
+
+
+class Origin:
+    """Where a shard is dialled: scheme, host, port, path prefix and the Host header,
+    parsed once per base URL (the routing table keeps one per backend)."""
+
+    __slots__ = ("host", "host_header", "key", "port", "prefix", "tls")
+
+    def __init__(self, origin: str) -> None:
+        parts = urlsplit(origin)
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.tls else 80)
+        self.prefix = parts.path.rstrip("/").encode()
+        self.host_header = parts.netloc.encode()
+        self.key = origin
+
+
+class BackendConnection(asyncio.Protocol):
+    """One connection to one origin, parsing the answers of the exchanges sent on it."""
+
+    def __init__(self, pool: BackendPool, origin: Origin) -> None:
+        self._pool = pool
+        self.origin = origin
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.listener: Listener | None = None
+        self._headers: Headers = []
+        self._keep_alive = False
+        self.closed = False
+        self.idle_since = 0.0
+        self.write_paused = False
+        self.on_writable: Any = None
+
+    # ── sending ─────────────────────────────────────────────────────────────
+
+    def send(self, listener: Listener, head: bytes) -> None:
+        """Start an exchange: ``head`` (and whatever the caller writes next) goes out;
+        the answer comes back to ``listener``."""
+        self.listener = listener
+        self._headers = []
+        self.write(head)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def abort(self) -> None:
+        """Drop the connection (never reused) and forget the exchange on it."""
+        self.listener = None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    # ── the transport's events ──────────────────────────────────────────────
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"malformed answer from {self.origin.key}: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        # Close-delimited answers end here: the parser is told, and finishes the message.
+        try:
+            self._parser.feed_data(b"")
+        except httptools.HttpParserError:
+            pass
+        return None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        if self.listener is not None:
+            self._fail(exc or ConnectionResetError(f"{self.origin.key} closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.on_writable is not None:
+            self.on_writable()
+
+    # ── the parser's events ─────────────────────────────────────────────────
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._keep_alive = self._parser.should_keep_alive()
+        if self.listener is not None:
+            self.listener.head(self._parser.get_status_code(), self._headers, self._keep_alive)
+
+    def on_body(self, chunk: bytes) -> None:
+        if self.listener is not None:
+            self.listener.body(chunk)
+
+    def on_message_complete(self) -> None:
+        listener, self.listener = self.listener, None
+        if listener is None:
+            return
+        if self._keep_alive and not self.closed:
+            self._pool.release(self)
+        else:
+            self.abort()
+        listener.end()
+
+    def _fail(self, exc: BaseException) -> None:
+        listener = self.listener
+        self.abort()
+        if listener is not None:
+            listener.failed(exc)
+
+
+class BackendPool:
+    """Idle kept-alive connections per origin (module docstring)."""
+
+    def __init__(self, connect_bound_s: float) -> None:
+        self.connect_bound_s = connect_bound_s
+        self._idle: dict[str, list[BackendConnection]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def acquire(self, origin: Origin) -> BackendConnection:
+        """An idle connection to ``origin`` (the most recently used), or a new one."""
+        idle = self._idle.get(origin.key)
+        if idle:
+            stale_before = time.monotonic() - IDLE_BOUND_S
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and conn.idle_since >= stale_before:
+                    return conn
+                conn.abort()
+        loop = asyncio.get_running_loop()
+        tls = None
+        if origin.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: BackendConnection(self, origin),
+                origin.host,
+                origin.port,
+                ssl=tls,
+                server_hostname=origin.host if tls else None,
+            ),
+            self.connect_bound_s,
+        )
+        return conn
+
+    def release(self, conn: BackendConnection) -> None:
+        conn.idle_since = time.monotonic()
+        conn.on_writable = None
+        self._idle.setdefault(conn.origin.key, []).append(conn)
+
+    def forget(self, conn: BackendConnection) -> None:
+        idle = self._idle.get(conn.origin.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.abort()
+        self._idle.clear()
