@@ -35,23 +35,36 @@ def router(
         float, typer.Option("--poll-s", help="Seconds between reads of the run's tail.")
     ] = 0.25,
     name: Annotated[str, typer.Option(help="Adapter name its outcome windows carry.")] = "router",
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Processes serving the one port (SO_REUSEPORT); with N > 1 each writes its "
+            "outcome windows as NAME-0 … NAME-{N-1}.",
+        ),
+    ] = 1,
     db: DbOption = None,
 ) -> None:
     """Serve http://HOST:PORT/v1 over the run's serving shards, membership from the ledger.
 
-    Prints the URL once listening; runs until SIGTERM or SIGINT, then hands the last
-    window of outcomes to the ledger and exits 0. Refuses an unknown or ended run.
+    Prints the URL once listening (every worker); runs until SIGTERM or SIGINT, then
+    hands the last window of outcomes to the ledger and exits 0. Refuses an unknown or
+    ended run.
     """
     structlog_ready()  # the router logs through structlog itself: configured before it loads
     try:
         from fleetledger.router.app import Router
+        from fleetledger.router.workers import RouterWorkers
     except ImportError as exc:
         raise CommandLineError(
-            f"router needs aiohttp ({exc.name} is not installed): pip install 'fleetledger[router]'"
+            f"router needs {exc.name}, which is not installed: pip install 'fleetledger[router]'"
         ) from None
-    served = Router(
-        resolve_db_url(db), run, host=host, port=port, name=name, window_s=window_s, poll_s=poll_s
-    )
+    common = {"host": host, "port": port, "name": name, "window_s": window_s, "poll_s": poll_s}
+    served: Router | RouterWorkers
+    if workers == 1:
+        served = Router(resolve_db_url(db), run, **common)
+    else:
+        served = RouterWorkers(resolve_db_url(db), run, workers=workers, **common)
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: FrameType | None) -> None:

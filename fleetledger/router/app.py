@@ -114,6 +114,7 @@ class Router:
         name: str = "router",
         window_s: float = 1.0,
         poll_s: float = 0.25,
+        shared_port: bool = False,
     ) -> None:
         if not name:
             raise RouterError("router: name must be non-empty (it is the recorded adapter name)")
@@ -137,7 +138,7 @@ class Router:
             self.config = config or recorded_router_config(
                 run, self._log_db.run_head(run).config.settings
             )
-            self._sock = bind_listening(host, port, RouterError)
+            self._sock = bind_listening(host, port, RouterError, shared=shared_port)
         except LedgerError as exc:
             self._log_db.close()
             raise RouterError(f"router: {exc}") from None

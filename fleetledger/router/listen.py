@@ -24,16 +24,27 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def bind_listening(host: str, port: int, error: type[Exception]) -> socket.socket:
+def bind_listening(
+    host: str, port: int, error: type[Exception], *, shared: bool = False, listen: bool = True
+) -> socket.socket:
     """A listening socket on ``host:port``, bound on the calling thread, so a port
-    conflict fails the caller (``error``, one line) rather than a background thread."""
+    conflict fails the caller (``error``, one line) rather than a background thread.
+
+    ``shared``: the port is one of several worker processes' (``SO_REUSEPORT``: each
+    worker listens on a socket of its own and the kernel spreads new connections over
+    them). ``listen=False`` holds the port without taking connections (the workers'
+    supervisor: a port taken by anything else fails it before a worker starts).
+    """
     sock = socket.socket(_family(host), socket.SOCK_STREAM)
     try:
         # SO_REUSEADDR: a restarted router rebinds its port while old connections sit in
         # TIME_WAIT; it does not let two live routers share a port.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        if listen:
+            sock.listen(1024)
         sock.setblocking(False)
     except OSError as exc:
         sock.close()

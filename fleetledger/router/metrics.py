@@ -6,13 +6,24 @@ wait*: from the request's arrival to the first byte of the answer written to the
 client, less the time from sending the request to the backend until the backend's
 response headers arrived. It is what the router costs a rollout before its first
 byte; streaming the rest of the body is not included.
+
+Several worker processes on one port (``fleetledger router --workers N``) answer
+``/metrics`` with the sum over all of them, whichever worker the scrape reaches:
+each worker writes its values to files in one directory
+(``PROMETHEUS_MULTIPROC_DIR``, set by the supervisor before the worker starts), and
+rendering reads them all. Counters and the histogram are summed (a worker that died
+keeps its counts); the serving-backends gauge is the highest of the live workers'.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 __all__ = ["RouterMetrics"]
 
@@ -48,6 +59,7 @@ class RouterMetrics:
             "fleetledger_router_serving_backends",
             "Backends the router routes to now (serving, HTTP, not avoided).",
             registry=self.registry,
+            multiprocess_mode="livemax",
         )
         self.added_latency = Histogram(
             "fleetledger_router_added_latency_seconds",
@@ -60,9 +72,11 @@ class RouterMetrics:
             "The run this router serves (value 1).",
             list(labels),
             registry=self.registry,
+            multiprocess_mode="livemax",
         )
         self.info.labels(**labels).set(1)
         self._requests_by: dict[tuple[str, str], Any] = {}
+        self._shared = os.environ.get(MULTIPROC_DIR_ENV) or None
 
     def count(self, *, route: str, status: str) -> None:
         """One request answered; the labelled child is looked up once per pair (the
@@ -75,4 +89,8 @@ class RouterMetrics:
         child.inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._shared is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, self._shared)
+        return generate_latest(every_worker)
