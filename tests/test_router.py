@@ -865,6 +865,276 @@ def test_the_router_command_refuses_an_unknown_or_ended_run(sqlite_url, engines,
     assert f"'{run}'" in lines[0]
 
 
+def _router_command(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [FLEETLEDGER, "router", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_cli_env(),
+        cwd=cwd,
+    )
+
+
+def _worker_pids(parent: int) -> set[int]:
+    found = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True)
+    return {int(pid) for pid in found.stdout.split()}
+
+
+def test_router_workers_share_one_port_and_each_reports_under_its_own_name(
+    sqlite_url, engines, tmp_path
+):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    proc = _router_command(RUN, "--db", sqlite_url, "--workers", "2", "--window-s", "0.2",
+                           cwd=tmp_path)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        workers = _worker_pids(proc.pid)
+        assert len(workers) == 2
+        # A fresh connection per request: the kernel spreads connections over the two
+        # workers' sockets (all 40 on one worker: odds 2**-39).
+        for i in range(40):
+            with httpx.Client(timeout=30) as fresh:
+                answer = fresh.post(url + "/completions", json={"model": "tiny", "prompt": f"{i}"})
+                assert answer.status_code == 200
+        port = int(url.rsplit(":", 1)[1].removesuffix("/v1"))
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+        assert 'fleetledger_router_requests_total{route="/v1/completions",status="200"} 40.0' in (
+            scraped
+        )  # every worker's count, whichever worker answered the scrape
+        # A worker killed outright is started again on the same port.
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: len(_worker_pids(proc.pid) - {victim}) == 2, "a new worker")
+        assert httpx.post(url + "/completions", json={"model": "tiny"}, timeout=30).is_success
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "router worker died; starting it again" in err
+    by_adapter: Counter[str] = Counter()
+    for window in windows(sqlite_url):
+        by_adapter[window.adapter] += sum(o.successes for o in window.outcomes)
+    assert set(by_adapter) <= {"router-0", "router-1"}
+    assert len(by_adapter) == 2
+    # The killed worker's unreported window is lost with it (it was SIGKILLed): at most
+    # the requests it served since its last window.
+    assert 1 <= sum(by_adapter.values()) <= 41
+
+
+@pytest.mark.parametrize("problem", ["unknown run", "taken port"])
+def test_router_workers_refuse_in_one_line_and_leave_no_process(
+    sqlite_url, engines, serve, problem
+):
+    start_run(sqlite_url, [engines[0].base_url])
+    args = [RUN, "--db", sqlite_url, "--workers", "2"]
+    if problem == "unknown run":
+        args[0] = "nope"
+    else:
+        args += ["--port", str(serve(sqlite_url).router.port)]
+    proc = _router_command(*args)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetledger: error: router:"), err
+    assert ("'nope'" if problem == "unknown run" else "cannot listen") in lines[0]
+    left = subprocess.run(["pgrep", "-f", f"fleetledger.router.worker.*{sqlite_url}"],
+                          capture_output=True, text=True)  # fmt: skip
+    assert left.stdout == ""
+
+
+# ── the weights behind every answer ──────────────────────────────────────────
+
+
+def test_every_answer_carries_the_weight_version_the_ledger_had(sqlite_url, engines, serve):
+    ledger = start_run(sqlite_url, [engines[0].base_url, engines[1].base_url])
+    ledger.refit_started(3)
+    ledger.refit_completed(3)
+    running = serve(sqlite_url)
+    raw = running.client.completions.with_raw_response.create(model="tiny", prompt="p")
+    assert raw.headers["x-fleetledger-weight-version"] == "3"
+    assert "x-fleetledger-weight-version-end" not in raw.headers
+    # A refit that completes while a (non-streamed) request waits for its answer: the
+    # answer's head names the version it ended under.
+    engines[0].hold()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            running.client.completions.with_raw_response.create, model="tiny", prompt="p"
+        )
+        wait_until(lambda: engines[0].generations == 2, "the request to reach the engine")
+        ledger.refit_started(4)
+        ledger.refit_completed(4)
+        running.wait_for_seq(ledger.view.seq)
+        engines[0].release()
+        late = held.result(timeout=30)
+    assert ledger.view.shards[0].weight_version == 4
+    assert late.headers["x-fleetledger-weight-version"] == "3"
+    assert late.headers["x-fleetledger-weight-version-end"] == "4"
+
+
+def test_a_refit_in_the_middle_of_a_stream_is_named_where_the_stream_ends(
+    sqlite_url, engines, serve
+):
+    ledger = start_run(sqlite_url, [engines[0].base_url])
+    ledger.refit_started(7)
+    ledger.refit_completed(7)
+    running = serve(sqlite_url)
+    engines[0].hold_midway()
+    chat = running.client.with_options(timeout=30).chat.completions
+    args = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    with chat.with_streaming_response.create(**args, stream=True) as streamed:
+        assert streamed.headers["x-fleetledger-weight-version"] == "7"
+        lines = streamed.iter_lines()
+        first = next(lines)
+        assert first.startswith("data: ")  # the first event went out before the refit
+        ledger.refit_started(8)
+        ledger.refit_completed(8)
+        running.wait_for_seq(ledger.view.seq)
+        engines[0].release()
+        rest = [line for line in lines if line]
+    assert ledger.view.shards[0].weight_version == 8
+    assert rest[-2:] == ["data: [DONE]", ": x-fleetledger-weight-version-end 8"]
+    # Every SSE parser skips a comment line: the openai client sees the same events.
+    engines[0].hold_midway()
+    with ThreadPoolExecutor(1) as pool:
+        events = pool.submit(lambda: list(chat.create(**args, stream=True)))
+        wait_until(lambda: engines[0].generations == 2, "the second stream to start")
+        ledger.refit_started(9)
+        ledger.refit_completed(9)
+        running.wait_for_seq(ledger.view.seq)
+        engines[0].release()
+        assert len(events.result(timeout=30)) == 3
+    # A stream with no refit under it ends as the engine ended it.
+    with chat.with_streaming_response.create(**args, stream=True) as quiet:
+        assert quiet.headers["x-fleetledger-weight-version"] == "9"
+        assert [line for line in quiet.iter_lines() if line][-1] == "data: [DONE]"
+
+
+# ── the wire ─────────────────────────────────────────────────────────────────
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` on one fresh connection; everything the router writes back until
+    it closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        got = b""
+        while chunk := sock.recv(65536):
+            got += chunk
+    return got
+
+
+def test_verbs_the_routes_do_not_take_are_405_and_never_forwarded(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    for verb in ("PUT", "DELETE", "HEAD", "PATCH"):
+        status, _ = call(verb, running.router.url + "/completions", {"prompt": "p"})
+        assert status == 405
+    assert sum(engines[0].received.values()) == 0
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    bodies = [json.dumps({"model": "tiny", "prompt": f"p{i}", "max_tokens": 2}) for i in range(3)]
+    requests = b"".join(
+        b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n%s\r\n%s"
+        % (len(body), b"Connection: close\r\n" if i == 2 else b"", body.encode())
+        for i, body in enumerate(bodies)
+    )
+    got = raw_exchange(running.router.port, requests)
+    assert got.count(b"HTTP/1.1 200 OK") == 3
+    texts = [json.loads(part.split(b"\r\n\r\n", 1)[1].split(b"HTTP/1.1")[0])["choices"][0]
+             ["text"] for part in got.split(b"HTTP/1.1 200 OK")[1:]]  # fmt: skip
+    direct = openai.OpenAI(base_url=engines[0].base_url, api_key="unused", max_retries=0)
+    expected = [
+        direct.completions.create(model="tiny", prompt=f"p{i}", max_tokens=2).choices[0].text
+        for i in range(3)
+    ]
+    assert texts == expected
+
+
+def test_a_chunked_upload_and_expect_continue_reach_the_engine_intact(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    body = json.dumps({"model": "tiny", "prompt": "x" * 200_000, "max_tokens": 3}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", running.router.port, timeout=30)
+    pieces = [body[i : i + 7000] for i in range(0, len(body), 7000)]
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=iter(pieces),
+        headers={"Content-Type": "application/json", "Expect": "100-continue"},
+        encode_chunked=True,
+    )
+    answer = conn.getresponse()
+    assert answer.status == 200
+    routed = json.loads(answer.read())["choices"][0]["text"]
+    conn.close()
+    direct = openai.OpenAI(base_url=engines[0].base_url, api_key="unused", max_retries=0)
+    expected = direct.completions.create(model="tiny", prompt="x" * 200_000, max_tokens=3)
+    assert routed == expected.choices[0].text
+    assert "expect" not in {k.lower() for k in engines[0].last_headers}
+
+
+def test_an_http_1_0_client_gets_its_answer_and_the_connection_closed(sqlite_url, engines, serve):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    got = raw_exchange(running.router.port, b"GET /v1/models HTTP/1.0\r\n\r\n")
+    head, body = got.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200")
+    assert json.loads(body)["data"][0]["id"] == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "words"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 400, "malformed HTTP request"),
+        (b"GET /v1/models HTTP/1.1\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431, "head"),
+        (b"GET /v1/models HTTP/1.1\r\nUpgrade: h2c\r\nConnection: upgrade\r\n\r\n", 400,
+         "does not upgrade"),
+    ],
+)  # fmt: skip
+def test_a_request_that_cannot_be_read_gets_one_json_error_and_a_closed_connection(
+    sqlite_url, engines, serve, request_bytes, status, words
+):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url)
+    got = raw_exchange(running.router.port, request_bytes)
+    head, body = got.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 %d" % status)
+    assert b"Connection: close" in head
+    assert words in json.loads(body)["error"]["message"]
+    assert sum(engines[0].received.values()) == 0
+
+
+def test_a_client_that_leaves_mid_stream_is_no_outcome_and_frees_its_place(
+    sqlite_url, engines, serve
+):
+    start_run(sqlite_url, [engines[0].base_url])
+    running = serve(sqlite_url, window_s=0.05)
+    engines[0].hold_midway()
+    body = json.dumps({"model": "tiny", "prompt": "p", "max_tokens": 4, "stream": True})
+    with socket.create_connection(("127.0.0.1", running.router.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body.encode())
+        )
+        assert b"data: " in sock.recv(65536)  # the first event arrived; the client leaves
+    wait_until(lambda: not running.router.in_flight(0), "the router to let the request go")
+    engines[0].release()
+    complete(running.client)
+    wait_until(lambda: 0 in reported(sqlite_url), "a window")
+    ok, failures = reported(sqlite_url)[0]
+    assert (ok, sum(failures.values())) == (1, 0)
+
+
 # ── the selection rule, as a property ────────────────────────────────────────
 
 

@@ -126,6 +126,7 @@ class Front(asyncio.Protocol):
         self._serving = False
         self._reading_paused = False
         self.closed = False
+        self._corked: list[bytes] | None = None
         self.write_paused = False
         self.on_writable: Callable[[], None] | None = None
         self.on_lost: Callable[[], None] | None = None
@@ -141,9 +142,10 @@ class Front(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.refuse(400, "the router does not upgrade connections")
         except httptools.HttpParserError as exc:
-            self.refuse(400, f"malformed HTTP request: {exc}")
-        except _HeadTooLarge:
-            self.refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+            if self._head_bytes > MAX_HEAD_BYTES:  # raised from on_url/on_header below
+                self.refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+            else:
+                self.refuse(400, f"malformed HTTP request: {exc}")
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
@@ -220,16 +222,32 @@ class Front(asyncio.Protocol):
             self._serving = False
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        if self._corked is not None:
+            self._corked.append(data)
+        elif self.transport is not None and not self.closed:
             self.transport.write(data)
 
+    def cork(self) -> None:
+        """Hold writes until :meth:`uncork`, then send them as one: an answer's head and
+        the body parsed from the same read leave in one send, not two."""
+        if self._corked is None:
+            self._corked = []
+
+    def uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        if corked:
+            self.write(b"".join(corked) if len(corked) > 1 else corked[0])
+
     def close(self) -> None:
+        """Close once everything written is sent (what is corked included)."""
+        self.uncork()
         if self.transport is not None and not self.closed:
             self.transport.close()
 
     def abort(self) -> None:
         """Cut the connection at once (no final chunk): a truncated answer must never
         read as a complete one."""
+        self._corked = None
         if self.transport is not None:
             self.transport.abort()
 

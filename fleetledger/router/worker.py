@@ -21,7 +21,7 @@ from fleetledger.logs import structlog_ready
 def main(argv: list[str]) -> int:
     structlog_ready()
     from fleetledger.router.app import Router  # after logging is configured
-    from fleetledger.router.workers import WorkerSpec
+    from fleetledger.router.workers import WorkerSpec  # after logging is configured
 
     try:
         spec = WorkerSpec(**json.loads(argv[1]))
