@@ -42,6 +42,8 @@ class Listener(Protocol):
     def body(self, chunk: bytes) -> None: ...
     def end(self) -> None: ...
     def failed(self, exc: BaseException) -> None: ...
+    def cork(self) -> None: ...
+    def uncork(self) -> None: ...
 
 
 class Origin:
@@ -110,10 +112,16 @@ class BackendConnection(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        listener = self.listener
+        if listener is not None:
+            listener.cork()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"malformed answer from {self.origin.key}: {exc}"))
+        finally:
+            if listener is not None:
+                listener.uncork()
 
     def eof_received(self) -> bool | None:
         # Close-delimited answers end here: the parser is told, and finishes the message.

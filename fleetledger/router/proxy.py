@@ -302,6 +302,12 @@ class _Exchange:
     def client_writable(self) -> None:
         self.conn.resume_reading()
 
+    def cork(self) -> None:
+        self.front.cork()
+
+    def uncork(self) -> None:
+        self.front.uncork()
+
     def _finish(self) -> None:
         if self.done.done():
             return
@@ -363,12 +369,21 @@ async def forward(
     lines = forwarded_headers(inbound.headers, keep_length=has_length and not chunked_in)
     if chunked_in:
         lines.append(b"Transfer-Encoding: chunked\r\n")
-    conn.send(
-        exchange,
-        b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n"
-        % (inbound.method, origin.prefix, inbound.target, origin.host_header, b"".join(lines)),
+    head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
+        inbound.method,
+        origin.prefix,
+        inbound.target,
+        origin.host_header,
+        b"".join(lines),
     )
-    if inbound.has_body or chunked_in:
+    if inbound.complete and not chunked_in:
+        # The whole body is here (a rollout's request usually is): head and body in one
+        # send.
+        conn.send(exchange, b"".join((head, *inbound.chunks)))
+        inbound.chunks = []
+    else:
+        conn.send(exchange, head)
+    if (inbound.has_body or chunked_in) and not (inbound.complete and not chunked_in):
         if chunked_in:
             inbound.take_body(exchange.send_body_chunked, exchange.end_body_chunked)
         else:
