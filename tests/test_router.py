@@ -530,6 +530,24 @@ def test_a_backend_that_hangs_up_is_500_recorded_and_avoided(sqlite_url, engines
     assert ok == 0 and sum(bad.values()) == 1 and next(iter(bad))[0] == "infra"
 
 
+def test_a_backend_past_its_bound_is_500_recorded_as_a_timeout_and_avoided(
+    sqlite_url, engines, serve
+):
+    start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    running = serve(sqlite_url, config=RouterConfig(backend_timeout_s=0.5), window_s=3600)
+    engines[0].hold()
+    status, body = call("POST", running.router.url + "/completions", {"prompt": "p"})
+    engines[0].release()
+    assert status == 500
+    assert "within the backend bound of 0.5 s" in json.loads(body)["error"]["message"]
+    assert running.router.routable == (1,)
+    complete(running.client)
+    assert engines[1].generations == 1
+    running.stop()
+    ok, bad = reported(sqlite_url)[0]
+    assert ok == 0 and list(bad) == [("infra", "timeout")]
+
+
 def test_a_backend_killed_mid_stream_cuts_the_client_and_is_recorded(sqlite_url, engines, serve):
     start_run(sqlite_url, [e.base_url for e in engines[:2]])
     running = serve(sqlite_url, window_s=3600)

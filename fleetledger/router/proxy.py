@@ -281,14 +281,11 @@ class _Exchange:
             outcome.answered = 500
         self._finish()
 
-    def timed_out(self) -> None:
+    def timed_out(self, bound_s: float) -> None:
         if self.done.done():
             return
         self.conn.abort()
-        self.failed(TimeoutError(f"no whole answer within the backend bound ({self._bound()})"))
-
-    def _bound(self) -> str:
-        return "router backend_timeout_s"
+        self.failed(TimeoutError(f"no whole answer within the backend bound of {bound_s:g} s"))
 
     # ── the client's side ───────────────────────────────────────────────────
 
@@ -320,15 +317,28 @@ class _Exchange:
 
     # ── the client's body, onwards ──────────────────────────────────────────
 
+    def send_body(self, chunk: bytes) -> None:
+        self.conn.write(chunk)
+        self._hold_client_while_backend_full()
+
     def send_body_chunked(self, chunk: bytes) -> None:
         if chunk:
             self.conn.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self._hold_client_while_backend_full()
 
     def end_body_chunked(self) -> None:
         self.conn.write(b"0\r\n\r\n")
+        self.client_body_done()
 
     def client_body_done(self) -> None:
-        pass
+        self.conn.on_writable = None
+
+    def _hold_client_while_backend_full(self) -> None:
+        # An upload faster than the backend reads it waits in the client's socket, not
+        # in the router's memory.
+        if self.conn.write_paused:
+            self.front.pause_reading()
+            self.conn.on_writable = self.front.resume_reading
 
 
 async def forward(
@@ -364,7 +374,7 @@ async def forward(
     if front.closed:
         exchange.client_lost()
         return await exchange.done
-    exchange.timer = loop.call_at(deadline, exchange.timed_out)
+    exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
     chunked_in, has_length = _framing(inbound.headers)
     lines = forwarded_headers(inbound.headers, keep_length=has_length and not chunked_in)
     if chunked_in:
@@ -387,5 +397,5 @@ async def forward(
         if chunked_in:
             inbound.take_body(exchange.send_body_chunked, exchange.end_body_chunked)
         else:
-            inbound.take_body(conn.write, exchange.client_body_done)
+            inbound.take_body(exchange.send_body, exchange.client_body_done)
     return await exchange.done
