@@ -32,8 +32,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httptools
+import structlog
 
 __all__ = ["BODY_BUFFER_BYTES", "MAX_HEAD_BYTES", "Front", "Inbound"]
+
+_log = structlog.get_logger("fleetledger.router")
 
 MAX_HEAD_BYTES = 64 * 1024
 BODY_BUFFER_BYTES = 1024 * 1024
@@ -218,6 +221,13 @@ class Front(asyncio.Protocol):
                 await self._handle(self, inbound)
                 if not inbound.keep_alive or not inbound.complete:
                     self.close()
+        except Exception as exc:
+            # A defect of the router's own: said, and the client's connection cut (it
+            # may hold half an answer), rather than a request left waiting forever.
+            _log.error(
+                "router failed a request", path=inbound.path, error=f"{type(exc).__name__}: {exc}"
+            )
+            self.abort()
         finally:
             self._serving = False
 
