@@ -19,6 +19,7 @@ stdout, which carries the command's answer.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from types import ModuleType
@@ -89,6 +90,24 @@ def defer_logging(
         _apply(settings)
     else:
         _pending = settings
+
+
+LOG_LEVEL_ENV = "FLEETLEDGER_LOG"
+LOG_FORMAT_ENV = "FLEETLEDGER_LOG_FORMAT"
+
+
+def defer_logging_from_env() -> str | None:
+    """Choose the configuration ``FLEETLEDGER_LOG`` (level) and ``FLEETLEDGER_LOG_FORMAT``
+    name, as :func:`defer_logging` does; a bad value gives the default configuration,
+    and the warning to say is returned (a logging typo must not stop a command)."""
+    level = os.environ.get(LOG_LEVEL_ENV, "warning")
+    fmt = os.environ.get(LOG_FORMAT_ENV, "console")
+    try:
+        defer_logging(level, fmt)
+    except ValueError as exc:
+        defer_logging()
+        return f"{exc}; logging at warning level to the console"
+    return None
 
 
 def structlog_ready() -> ModuleType:

@@ -10,7 +10,6 @@ usage block and "Try --help" are left out, here in the group every invocation go
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -21,7 +20,7 @@ from typer.core import TyperGroup
 from fleetledger import __version__
 from fleetledger.cli.output import say
 from fleetledger.errors import FleetledgerError
-from fleetledger.logs import defer_logging
+from fleetledger.logs import defer_logging_from_env
 from fleetledger.store.urls import DB_URL_ENV, DEFAULT_DB_URL
 
 if TYPE_CHECKING:
@@ -135,13 +134,9 @@ def _configure_logging() -> None:
     # a logging typo must not stop a forensics command at 3 a.m. The settings are checked
     # here, for every command; structlog is loaded and configured only if something logs
     # (fleetledger.logs: a read command that logs nothing does not pay for it).
-    level = os.environ.get("FLEETLEDGER_LOG", "warning")
-    fmt = os.environ.get("FLEETLEDGER_LOG_FORMAT", "console")
-    try:
-        defer_logging(level, fmt)
-    except ValueError as exc:
-        defer_logging()
-        say(f"fleetledger: warning: {exc}; logging at warning level to the console", err=True)
+    warning = defer_logging_from_env()
+    if warning is not None:
+        say(f"fleetledger: warning: {warning}", err=True)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

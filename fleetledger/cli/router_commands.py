@@ -59,19 +59,21 @@ def router(
         raise CommandLineError(
             f"router needs {exc.name}, which is not installed: pip install 'fleetledger[router]'"
         ) from None
-    common = {"host": host, "port": port, "name": name, "window_s": window_s, "poll_s": poll_s}
-    served: Router | RouterWorkers
-    if workers == 1:
-        served = Router(resolve_db_url(db), run, **common)
-    else:
-        served = RouterWorkers(resolve_db_url(db), run, workers=workers, **common)
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
+    # Before anything starts: a signal while workers start stops them, never orphans them.
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    say(served.url)
-    sys.stdout.flush()
+    common = {"host": host, "port": port, "name": name, "window_s": window_s, "poll_s": poll_s}
+    served: Router | RouterWorkers
+    if workers == 1:
+        served = Router(resolve_db_url(db), run, **common)
+    else:
+        served = RouterWorkers(resolve_db_url(db), run, workers=workers, stop=stop, **common)
+    if not stop.is_set():
+        say(served.url)
+        sys.stdout.flush()
     served.serve_forever(stop)

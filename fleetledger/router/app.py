@@ -65,7 +65,7 @@ from fleetledger.router.routing_table import (
 from fleetledger.store.errors import AppendRejected, RunAlreadyEnded
 from fleetledger.store.log import EventLog
 
-__all__ = ["METHODS", "ROUTES", "Router", "RouterError", "reserve_port"]
+__all__ = ["METHODS", "ROUTES", "Router", "RouterError", "RunNotLive", "reserve_port"]
 
 _log = structlog.get_logger("fleetledger.router")
 
@@ -79,6 +79,10 @@ _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 class RouterError(FleetledgerError):
     """The router cannot serve: an unknown or ended run, a bad setting, a taken port."""
+
+
+class RunNotLive(RouterError):
+    """The run has ended: no router will serve it again (a worker is not restarted)."""
 
 
 def recorded_router_config(run: str, settings: Mapping[str, Any]) -> RouterConfig:
@@ -132,7 +136,7 @@ class Router:
             self._follower = RoutingTableFollower(self._log_db, run)
             table = self._follower.table
             if table.ended is not None:
-                raise RouterError(
+                raise RunNotLive(
                     f"router: run {run!r} ended {table.ended}; a router serves only a live run"
                 )
             self.config = config or recorded_router_config(
@@ -366,7 +370,12 @@ class Router:
             self.metrics.count(route=path, status="405")
             method = inbound.method.decode("latin-1")
             error_answer(
-                front, inbound, 405, "method_not_allowed", f"{method} {path}: routes take GET, POST"
+                front,
+                inbound,
+                405,
+                "method_not_allowed",
+                f"{method} {path}: routes take GET, POST",
+                extra=b"Allow: GET, POST\r\n",
             )
             return
         arrived = time.monotonic()

@@ -16,6 +16,15 @@ Rules of this file, and why:
 - **The answer is handed on as it is parsed** (head, body pieces, end) to the
   exchange's callbacks, with no await per piece: streaming is a callback chain from the
   backend's socket to the client's.
+- **Framing is the parser's, with three exceptions it cannot know**: an interim answer
+  (1xx) is not the answer — the exchange waits for the final one, or the final one would
+  be read as the next request's; an answer with neither a length nor chunks ends where
+  the connection ends, so that end is the answer's end, not a failure; and an answer
+  that ended before its request was wholly sent leaves the connection owing the rest of
+  a body, so it is closed, never pooled (an engine answering 401 or 413 without reading
+  the body would otherwise read the next request as that body).
+- **A head is bounded** (``MAX_ANSWER_HEAD_BYTES``): the parser keeps a header until it
+  ends, so the bytes fed while the head is open are counted, not the finished headers.
 """
 
 from __future__ import annotations
@@ -28,9 +37,17 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["IDLE_BOUND_S", "BackendConnection", "BackendPool", "Listener", "Origin"]
+__all__ = [
+    "IDLE_BOUND_S",
+    "MAX_ANSWER_HEAD_BYTES",
+    "BackendConnection",
+    "BackendPool",
+    "Listener",
+    "Origin",
+]
 
 IDLE_BOUND_S = 4.0
+MAX_ANSWER_HEAD_BYTES = 1024 * 1024
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -44,6 +61,8 @@ class Listener(Protocol):
     def failed(self, exc: BaseException) -> None: ...
     def cork(self) -> None: ...
     def uncork(self) -> None: ...
+    @property
+    def request_whole(self) -> bool: ...
 
 
 class Origin:
@@ -73,6 +92,10 @@ class BackendConnection(asyncio.Protocol):
         self.listener: Listener | None = None
         self._headers: Headers = []
         self._keep_alive = False
+        self._in_head = False
+        self._head_fed = 0
+        self._interim = False  # the head parsed is a 1xx: the answer is still to come
+        self._until_eof = False  # the answer's body ends where the connection ends
         self.closed = False
         self.idle_since = 0.0
         self.write_paused = False
@@ -84,7 +107,6 @@ class BackendConnection(asyncio.Protocol):
         """Start an exchange: ``head`` (and whatever the caller writes next) goes out;
         the answer comes back to ``listener``."""
         self.listener = listener
-        self._headers = []
         self.write(head)
 
     def write(self, data: bytes) -> None:
@@ -117,6 +139,11 @@ class BackendConnection(asyncio.Protocol):
             listener.cork()
         try:
             self._parser.feed_data(data)
+            if self._in_head:
+                self._head_fed += len(data)
+                if self._head_fed > MAX_ANSWER_HEAD_BYTES:
+                    why = f"answer head larger than {MAX_ANSWER_HEAD_BYTES} bytes"
+                    self._fail(ConnectionError(f"{self.origin.key}: {why}"))
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"malformed answer from {self.origin.key}: {exc}"))
         finally:
@@ -124,16 +151,20 @@ class BackendConnection(asyncio.Protocol):
                 listener.uncork()
 
     def eof_received(self) -> bool | None:
-        # Close-delimited answers end here: the parser is told, and finishes the message.
-        try:
-            self._parser.feed_data(b"")
-        except httptools.HttpParserError:
-            pass
+        # Not reused from here on, even before connection_lost says so a turn later.
+        self.closed = True
+        self._pool.forget(self)
+        if self._until_eof and self.listener is not None:
+            self._until_eof = False
+            self.on_message_complete()  # the end of the connection is the answer's end
         return None
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
         self._pool.forget(self)
+        if self._until_eof and self.listener is not None and exc is None:
+            self._until_eof = False
+            self.on_message_complete()
         if self.listener is not None:
             self._fail(exc or ConnectionResetError(f"{self.origin.key} closed the connection"))
 
@@ -147,23 +178,43 @@ class BackendConnection(asyncio.Protocol):
 
     # ── the parser's events ─────────────────────────────────────────────────
 
+    def on_message_begin(self) -> None:
+        self._headers = []
+        self._in_head = True
+        self._head_fed = 0
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            if status == 101:  # the router never asks to switch protocols
+                raise ConnectionError(f"{self.origin.key} switched protocols unasked")
+            self._interim = True
+            return
         self._keep_alive = self._parser.should_keep_alive()
+        self._until_eof = status not in (204, 304) and not any(
+            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
+        )
         if self.listener is not None:
-            self.listener.head(self._parser.get_status_code(), self._headers, self._keep_alive)
+            self.listener.head(status, self._headers, self._keep_alive)
 
     def on_body(self, chunk: bytes) -> None:
-        if self.listener is not None:
+        # An empty piece is the parser seeing the connection end mid-body: not a piece.
+        if chunk and self.listener is not None:
             self.listener.body(chunk)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self._until_eof = False
         listener, self.listener = self.listener, None
         if listener is None:
             return
-        if self._keep_alive and not self.closed:
+        if self._keep_alive and not self.closed and listener.request_whole:
             self._pool.release(self)
         else:
             self.abort()
@@ -215,6 +266,7 @@ class BackendPool:
     def release(self, conn: BackendConnection) -> None:
         conn.idle_since = time.monotonic()
         conn.on_writable = None
+        conn.resume_reading()  # it may have been paused for a slow client's sake
         self._idle.setdefault(conn.origin.key, []).append(conn)
 
     def forget(self, conn: BackendConnection) -> None:

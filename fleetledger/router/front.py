@@ -14,8 +14,15 @@ Rules of this file, and why:
   the order requests came; requests pipelined behind the first wait their turn, parsed
   and queued.
 - **Bounded buffering.** A head larger than ``MAX_HEAD_BYTES`` is answered 431 and the
-  connection closed; a body that nobody is consuming yet stops the socket's reading
-  past ``BODY_BUFFER_BYTES`` — the client waits, the router's memory does not grow.
+  connection closed (counted as it is fed: the parser holds a header until it ends); a
+  body that nobody is consuming yet stops the socket's reading past
+  ``BODY_BUFFER_BYTES``, and so do more than ``MAX_QUEUED`` requests pipelined behind
+  the one being answered, and a client that is not reading its answers — the client
+  waits, the router's memory does not grow.
+- **A request that cannot be read ends the connection, after what is owed.** Requests
+  parsed before it are answered first, in order; then the refusal (400, 431), then the
+  close. A body whose framing breaks mid-way cannot be answered at all: the connection
+  is cut. An upgrade (h2c included) is refused, never forwarded.
 - **Flow control towards the client**: when the client's socket cannot take more, the
   transport says so (``pause_writing``) and whoever feeds it (the backend connection
   streaming an answer) is paused until it can.
@@ -34,12 +41,13 @@ from typing import Any
 import httptools
 import structlog
 
-__all__ = ["BODY_BUFFER_BYTES", "MAX_HEAD_BYTES", "Front", "Inbound"]
+__all__ = ["BODY_BUFFER_BYTES", "MAX_HEAD_BYTES", "MAX_QUEUED", "Front", "Inbound"]
 
 _log = structlog.get_logger("fleetledger.router")
 
 MAX_HEAD_BYTES = 64 * 1024
 BODY_BUFFER_BYTES = 1024 * 1024
+MAX_QUEUED = 8
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -94,7 +102,7 @@ class Inbound:
         self._buffered = 0
         self.sink = sink
         self.on_complete = on_complete
-        self.front.resume_reading()
+        self.front.resume_reading("body")
         if self.complete:
             on_complete()
 
@@ -105,7 +113,7 @@ class Inbound:
         self.chunks.append(chunk)
         self._buffered += len(chunk)
         if self._buffered > BODY_BUFFER_BYTES:
-            self.front.pause_reading()
+            self.front.pause_reading("body")
 
     def _whole(self) -> None:
         self.complete = True
@@ -123,11 +131,15 @@ class Front(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._url = b""
         self._headers: Headers = []
-        self._head_bytes = 0
+        self._head_bytes = 0  # of the head's finished parts
+        self._in_head = False
+        self._head_fed = 0  # bytes fed while the head was open and stayed open
         self._current: Inbound | None = None  # being parsed
         self._queue: deque[Inbound] = deque()
         self._serving = False
-        self._reading_paused = False
+        self._paused_for: set[str] = set()
+        self._refusal: tuple[int, str] | None = None  # owed once what is queued is answered
+        self._writable: asyncio.Future[None] | None = None
         self.closed = False
         self._corked: list[bytes] | None = None
         self.write_paused = False
@@ -140,15 +152,33 @@ class Front(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return  # the framing was lost: nothing after it can be trusted
+        was_in_head = self._in_head
         try:
             self._parser.feed_data(data)
+            if was_in_head and self._in_head:
+                self._head_fed += len(data)
+                if self._head_fed > MAX_HEAD_BYTES:
+                    raise _HeadTooLarge
         except httptools.HttpParserUpgrade:
-            self.refuse(400, "the router does not upgrade connections")
+            self._unreadable(400, "the router does not upgrade connections (HTTP/1.1 only)")
+        except _HeadTooLarge:
+            self._unreadable(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
         except httptools.HttpParserError as exc:
             if self._head_bytes > MAX_HEAD_BYTES:  # raised from on_url/on_header below
-                self.refuse(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+                self._unreadable(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
             else:
-                self.refuse(400, f"malformed HTTP request: {exc}")
+                self._unreadable(400, f"malformed HTTP request: {exc}")
+
+    def _unreadable(self, status: int, message: str) -> None:
+        self._refusal = (status, message)
+        self.pause_reading("refused")
+        current = self._current
+        if current is not None and not current.complete:
+            self.abort()  # a body broke mid-way: no answer to it can be right
+        elif not self._serving:
+            self.refuse(status, message)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
@@ -165,6 +195,9 @@ class Front(asyncio.Protocol):
         self.write_paused = False
         if self.on_writable is not None:
             self.on_writable()
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     # ── the parser's events ─────────────────────────────────────────────────
 
@@ -172,6 +205,8 @@ class Front(asyncio.Protocol):
         self._url = b""
         self._headers = []
         self._head_bytes = 0
+        self._in_head = True
+        self._head_fed = 0
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -187,7 +222,10 @@ class Front(asyncio.Protocol):
             raise _HeadTooLarge
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         parser = self._parser
+        if parser.should_upgrade():
+            return  # refused as the parser stops (data_received), never queued
         inbound = Inbound(self, parser.get_method(), self._url, self._headers)
         inbound.version = parser.get_http_version().encode()
         inbound.keep_alive = parser.should_keep_alive()
@@ -199,12 +237,14 @@ class Front(asyncio.Protocol):
                 inbound.expect_continue = True
         self._current = inbound
         self._queue.append(inbound)
+        if len(self._queue) > MAX_QUEUED:
+            self.pause_reading("queue")
         if not self._serving:
             self._serving = True
             asyncio.get_running_loop().create_task(self._serve())
 
     def on_body(self, chunk: bytes) -> None:
-        if self._current is not None:
+        if chunk and self._current is not None:
             self._current._arrived(chunk)
 
     def on_message_complete(self) -> None:
@@ -215,18 +255,26 @@ class Front(asyncio.Protocol):
     # ── answering ───────────────────────────────────────────────────────────
 
     async def _serve(self) -> None:
+        path = ""
         try:
             while self._queue and not self.closed:
+                if self.write_paused:  # the client is not reading what it was given
+                    self._writable = asyncio.get_running_loop().create_future()
+                    await self._writable
+                    continue
                 inbound = self._queue.popleft()
+                path = inbound.path
+                if len(self._queue) <= MAX_QUEUED // 2:
+                    self.resume_reading("queue")
                 await self._handle(self, inbound)
                 if not inbound.keep_alive or not inbound.complete:
                     self.close()
+            if self._refusal is not None and not self.closed:
+                self.refuse(*self._refusal)
         except Exception as exc:
             # A defect of the router's own: said, and the client's connection cut (it
             # may hold half an answer), rather than a request left waiting forever.
-            _log.error(
-                "router failed a request", path=inbound.path, error=f"{type(exc).__name__}: {exc}"
-            )
+            _log.error("router failed a request", path=path, error=f"{type(exc).__name__}: {exc}")
             self.abort()
         finally:
             self._serving = False
@@ -261,14 +309,18 @@ class Front(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def pause_reading(self) -> None:
-        if self.transport is not None and not self._reading_paused and not self.closed:
-            self._reading_paused = True
+    def pause_reading(self, reason: str) -> None:
+        """Stop reading the client's socket for ``reason`` until :meth:`resume_reading`
+        for the same reason (reading resumes when no reason is left)."""
+        if self.transport is not None and not self._paused_for and not self.closed:
             self.transport.pause_reading()
+        self._paused_for.add(reason)
 
-    def resume_reading(self) -> None:
-        if self.transport is not None and self._reading_paused and not self.closed:
-            self._reading_paused = False
+    def resume_reading(self, reason: str) -> None:
+        if reason not in self._paused_for:
+            return
+        self._paused_for.discard(reason)
+        if self.transport is not None and not self._paused_for and not self.closed:
             self.transport.resume_reading()
 
     def refuse(self, status: int, message: str) -> None:

@@ -108,6 +108,10 @@ def _framing(headers: Headers) -> tuple[bool, bool]:
     return chunked, length
 
 
+def _discard(_chunk: bytes) -> None:
+    pass
+
+
 def _reason(status: int) -> bytes:
     try:
         return HTTPStatus(status).phrase.encode()
@@ -123,18 +127,28 @@ def answer(
     content_type: bytes = b"application/json",
     extra: bytes = b"",
 ) -> None:
-    """Write a whole answer of the router's own."""
+    """Write a whole answer of the router's own (its head alone to a HEAD request)."""
     connection = b"" if inbound.keep_alive else b"Connection: close\r\n"
     front.write(
         b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n%s"
-        % (status, _reason(status), content_type, len(body), connection, extra, body)
+        % (
+            status,
+            _reason(status),
+            content_type,
+            len(body),
+            connection,
+            extra,
+            b"" if inbound.method == b"HEAD" else body,
+        )
     )
 
 
-def error_answer(front: Front, inbound: Inbound, status: int, kind: str, message: str) -> None:
+def error_answer(
+    front: Front, inbound: Inbound, status: int, kind: str, message: str, extra: bytes = b""
+) -> None:
     """An answer of the router's own, in the OpenAI error shape clients parse."""
     body = {"error": {"message": message, "type": kind, "code": status}}
-    answer(front, inbound, status, json.dumps(body).encode())
+    answer(front, inbound, status, json.dumps(body).encode(), extra=extra)
 
 
 @dataclass(slots=True)
@@ -159,6 +173,8 @@ class _Exchange:
         "_chunked_out",
         "_detail",
         "_event_stream",
+        "_held_for_client",
+        "_request_whole",
         "_sent_at",
         "conn",
         "done",
@@ -192,7 +208,14 @@ class _Exchange:
         self._detail = bytearray()
         self._chunked_out = False
         self._event_stream = False
+        self._held_for_client = False  # the backend's socket paused: the client is slow
+        self._request_whole = not (inbound.has_body or _framing(inbound.headers)[0])
         self._sent_at = time.monotonic()
+
+    @property
+    def request_whole(self) -> bool:
+        """Whether the whole request went to the backend (an answer may come sooner)."""
+        return self._request_whole
 
     # ── the backend's side ──────────────────────────────────────────────────
 
@@ -246,6 +269,7 @@ class _Exchange:
         else:
             front.write(chunk)
         if front.write_paused:
+            self._held_for_client = True
             self.conn.pause_reading()
 
     def end(self) -> None:
@@ -285,6 +309,14 @@ class _Exchange:
         if self.done.done():
             return
         self.conn.abort()
+        if self._held_for_client:
+            # The backend was waiting on the client, not the other way round: the
+            # client's connection is cut (the bound holds), the shard is not blamed.
+            self.outcome.client_gone = True
+            self.outcome.answered = 0
+            self.front.abort()
+            self._finish()
+            return
         self.failed(TimeoutError(f"no whole answer within the backend bound of {bound_s:g} s"))
 
     # ── the client's side ───────────────────────────────────────────────────
@@ -297,6 +329,7 @@ class _Exchange:
         self._finish()
 
     def client_writable(self) -> None:
+        self._held_for_client = False
         self.conn.resume_reading()
 
     def cork(self) -> None:
@@ -312,6 +345,10 @@ class _Exchange:
             self.timer.cancel()
         self.front.on_writable = None
         self.front.on_lost = None
+        inbound = self.inbound
+        if not inbound.complete:  # what the client still sends goes nowhere now
+            inbound.sink = _discard
+            inbound.on_complete = None
         self.outcome.detail = self._detail.decode("utf-8", errors="replace")
         self.done.set_result(self.outcome)
 
@@ -331,14 +368,18 @@ class _Exchange:
         self.client_body_done()
 
     def client_body_done(self) -> None:
+        self._request_whole = True
         self.conn.on_writable = None
 
     def _hold_client_while_backend_full(self) -> None:
         # An upload faster than the backend reads it waits in the client's socket, not
         # in the router's memory.
         if self.conn.write_paused:
-            self.front.pause_reading()
-            self.conn.on_writable = self.front.resume_reading
+            self.front.pause_reading("upload")
+            self.conn.on_writable = self._backend_writable
+
+    def _backend_writable(self) -> None:
+        self.front.resume_reading("upload")
 
 
 async def forward(
@@ -358,6 +399,8 @@ async def forward(
     deadline = loop.time() + bound_s
     if inbound.expect_continue:
         front.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    if front.closed:
+        return Forwarded(client_gone=True)
     try:
         conn = await pool.acquire(origin)
     except (OSError, TimeoutError) as exc:
@@ -389,6 +432,7 @@ async def forward(
     if inbound.complete and not chunked_in:
         # The whole body is here (a rollout's request usually is): head and body in one
         # send.
+        exchange._request_whole = True
         conn.send(exchange, b"".join((head, *inbound.chunks)))
         inbound.chunks = []
     else:

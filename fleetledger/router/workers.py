@@ -11,8 +11,13 @@ port bound but not listening, so a port that something else holds fails it befor
 worker starts, and the port stays this router's while workers come and go. It starts N
 workers (``python -m fleetledger.router.worker``, each a whole :class:`Router`), waits
 until every one listens, then watches them: a worker that dies is said in one line and
-started again on the same port. On stop each worker is sent SIGTERM and hands over its
-last window of outcomes, as a single router does.
+started again on the same port — after a pause that doubles with each failed start (to
+``RESTART_BACKOFF_MAX_S``), and never once the run has ended (no router serves an ended
+run; the workers left answer its requests with the no-healthy status). On stop each
+worker is sent SIGTERM and hands over its last window of outcomes, as a single router
+does; on Linux a worker is also sent SIGTERM when the supervisor dies, so none outlives
+it. Workers log to stderr, as the command does; they answer their supervisor on a pipe
+of their own (:mod:`fleetledger.router.worker`).
 
 What the workers share, and what they do not:
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -42,10 +48,11 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import IO
 
 import structlog
 
-from fleetledger.router.app import STOP_GRACE_S, RouterError
+from fleetledger.router.app import STOP_GRACE_S, RouterError, RunNotLive
 from fleetledger.router.listen import bind_listening
 from fleetledger.router.metrics import MULTIPROC_DIR_ENV
 
@@ -55,6 +62,8 @@ _log = structlog.get_logger("fleetledger.router")
 
 START_BOUND_S = 120.0  # a worker loads the run's view before it listens
 WATCH_S = 0.2
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 30.0
 
 
 def worker_name(name: str, index: int) -> str:
@@ -73,6 +82,8 @@ class WorkerSpec:
     name: str
     window_s: float
     poll_s: float
+    supervisor_pid: int = 0
+    ready_fd: int = -1
 
 
 class RouterWorkers:
@@ -89,7 +100,11 @@ class RouterWorkers:
         name: str = "router",
         window_s: float = 1.0,
         poll_s: float = 0.25,
+        stop: threading.Event | None = None,
     ) -> None:
+        """Start the workers; returns once every one listens. ``stop``, set while they
+        start (a signal), ends the waiting: the workers started so far are stopped by
+        :meth:`serve_forever` or :meth:`close`."""
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise RouterError(f"router: workers must be a whole number ≥ 1, got {workers!r}")
         if not 0 <= port <= 65535:
@@ -103,10 +118,16 @@ class RouterWorkers:
             for i in range(workers)
         ]
         self._metrics_dir = tempfile.mkdtemp(prefix="fleetledger-router-metrics-")
-        self._procs: list[subprocess.Popen[str] | None] = [None] * workers
+        self._procs: list[subprocess.Popen[bytes] | None] = [None] * workers
+        self._retry_at = [0.0] * workers  # monotonic time a dead worker is started again
+        self._backoff = [RESTART_BACKOFF_S] * workers
+        self._given_up: set[int] = set()
+        self._stop = stop or threading.Event()
         self._stopping = False
         try:
             for i in range(workers):
+                if self._stop.is_set():
+                    break
                 self._procs[i] = self._start(i)
         except BaseException:
             self.close()
@@ -114,48 +135,96 @@ class RouterWorkers:
 
     @property
     def pids(self) -> list[int]:
+        """The live workers' process ids."""
         return [p.pid for p in self._procs if p is not None]
 
-    def _start(self, index: int) -> subprocess.Popen[str]:
-        spec = self._specs[index]
-        env = {**os.environ, MULTIPROC_DIR_ENV: self._metrics_dir}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetledger.router.worker", json.dumps(asdict(spec))],
-            stdout=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        line = _first_line(proc, START_BOUND_S)
+    def _start(self, index: int) -> subprocess.Popen[bytes] | None:
+        """Start worker ``index`` and wait until it listens; its refusal, in one line,
+        as :class:`RouterError` (:class:`RunNotLive` when the run has ended); None when
+        the supervisor was stopped meanwhile."""
+        read_end, write_end = os.pipe()
+        spec = {**asdict(self._specs[index]), "supervisor_pid": os.getpid(), "ready_fd": write_end}
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleetledger.router.worker", json.dumps(spec)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env={**os.environ, MULTIPROC_DIR_ENV: self._metrics_dir},
+                pass_fds=(write_end,),
+            )
+        finally:
+            os.close(write_end)
+        with os.fdopen(read_end, "rb") as answers:
+            line = self._first_line(proc, answers)
         if line.startswith("ready "):
             return proc
         _reap(proc)
-        why = line.removeprefix("error ").strip() or f"exited {proc.returncode} before listening"
+        if self._stop.is_set():
+            return None
+        kind, _, why = line.partition(" ")
+        why = why.strip() or f"exited {proc.returncode} before listening"
+        if kind == "ended":
+            raise RunNotLive(why)
         raise RouterError(why if why.startswith("router") else f"router worker {index}: {why}")
 
-    def serve_forever(self, stop: threading.Event) -> None:
-        """Watch the workers until ``stop`` is set; a worker that dies is started again;
-        then every worker is stopped (each hands over its last window)."""
+    def _first_line(self, proc: subprocess.Popen[bytes], answers: IO[bytes]) -> str:
+        """The worker's line (``ready URL``, ``error …``, ``ended …``), or "" if it exits
+        without one, takes longer than ``START_BOUND_S``, or the supervisor is stopped."""
+        deadline = time.monotonic() + START_BOUND_S
+        got = b""
+        while time.monotonic() < deadline and not self._stop.is_set():
+            readable, _, _ = select.select([answers], [], [], WATCH_S)
+            if readable:
+                piece = os.read(answers.fileno(), 4096)
+                got += piece
+                if not piece or b"\n" in got:
+                    break
+            elif proc.poll() is not None:
+                break
+        return got.decode("utf-8", errors="replace").partition("\n")[0]
+
+    def serve_forever(self, stop: threading.Event | None = None) -> None:
+        """Watch the workers until ``stop`` (default: the one given at construction) is
+        set; a worker that dies is started again (module docstring); then every worker
+        is stopped (each hands over its last window)."""
+        self._stop = stop = stop or self._stop
         try:
             while not stop.wait(WATCH_S):
                 for i, proc in enumerate(self._procs):
-                    if proc is not None and proc.poll() is not None and not self._stopping:
-                        self._restart(i, proc)
+                    if i in self._given_up or self._stopping:
+                        continue
+                    if proc is not None and proc.poll() is not None:
+                        _log.warning(
+                            "router worker died; starting it again",
+                            worker=i,
+                            pid=proc.pid,
+                            exit=proc.returncode,
+                        )
+                        _forget_worker(self._metrics_dir, proc.pid)
+                        self._procs[i] = None
+                    if self._procs[i] is None and time.monotonic() >= self._retry_at[i]:
+                        self._restart(i)
         finally:
             self.close()
 
-    def _restart(self, index: int, dead: subprocess.Popen[str]) -> None:
-        _log.warning(
-            "router worker died; starting it again",
-            worker=index,
-            pid=dead.pid,
-            exit=dead.returncode,
-        )
-        _forget_worker(self._metrics_dir, dead.pid)
+    def _restart(self, index: int) -> None:
         try:
             self._procs[index] = self._start(index)
+        except RunNotLive as exc:
+            self._given_up.add(index)
+            _log.warning("router worker not started again: the run has ended", worker=index,
+                         reason=str(exc))  # fmt: skip
+            return
         except RouterError as exc:
-            _log.warning("router worker could not start again", worker=index, error=str(exc))
+            if self._stop.is_set():
+                return
+            delay = self._backoff[index]
+            self._backoff[index] = min(RESTART_BACKOFF_MAX_S, delay * 2)
+            self._retry_at[index] = time.monotonic() + delay
+            _log.warning("router worker could not start again", worker=index, error=str(exc),
+                         retry_in_s=delay)  # fmt: skip
+            return
+        self._backoff[index] = RESTART_BACKOFF_S
 
     def close(self) -> None:
         """SIGTERM every worker, wait for them (they hand over their last windows), kill
@@ -171,28 +240,12 @@ class RouterWorkers:
             except subprocess.TimeoutExpired:
                 _log.warning("router worker did not stop; killed", pid=proc.pid)
                 _reap(proc)
-        for proc in self._procs:
-            if proc is not None and proc.stdout is not None:
-                proc.stdout.close()
         self._procs = [None] * len(self._procs)
         self._held.close()
         shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
 
-def _first_line(proc: subprocess.Popen[str], bound_s: float) -> str:
-    """The worker's first line on stdout (``ready URL`` or ``error MESSAGE``), or "" if
-    it exits or says nothing within ``bound_s``."""
-    got: list[str] = []
-    if proc.stdout is None:
-        return ""
-    stdout = proc.stdout
-    reader = threading.Thread(target=lambda: got.append(stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(bound_s)
-    return got[0] if got else ""
-
-
-def _reap(proc: subprocess.Popen[str]) -> None:
+def _reap(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
