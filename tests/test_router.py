@@ -46,6 +46,7 @@ from fleetledger.projections.shard_states import ShardState
 from fleetledger.router.app import Router, RouterError, reserve_port
 from fleetledger.router.routing_table import Backend, RoutingTable, origin_of
 from fleetledger.store.log import EventLog
+from tests.fake_engines import Loop, ServedApp
 
 RUN = "run-router"
 
@@ -53,23 +54,7 @@ RUN = "run-router"
 # ── fake engines ─────────────────────────────────────────────────────────────
 
 
-class Loop:
-    """An asyncio loop in a thread, for servers the synchronous test code talks to."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-
-class Engine:
+class Engine(ServedApp):
     """A small OpenAI-compatible aiohttp server on 127.0.0.1 that counts what it receives.
 
     ``mode``: ``ok``; ``hang_up`` (reads the request, then closes the connection without
@@ -90,18 +75,7 @@ class Engine:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
-        self.runner = web.AppRunner(app)
-        self.port = loop.run(self._start())
-
-    async def _start(self) -> int:
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        super().__init__(loop, app)
 
     @property
     def generations(self) -> int:
@@ -119,9 +93,6 @@ class Engine:
         for gate in (self.gate, self.midway):
             if gate is not None:
                 self.loop.loop.call_soon_threadsafe(gate.set)
-
-    def stop(self) -> None:
-        self.loop.run(self.runner.cleanup())
 
     async def _models(self, request: web.Request) -> web.Response:
         self.received[request.path] += 1

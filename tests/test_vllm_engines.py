@@ -543,3 +543,52 @@ def test_the_router_passes_engine_answers_through_and_cuts_a_killed_stream(
     finally:
         stop.set()
         serving.join(timeout=30)
+
+
+# ── an external router driven by the ledger ──────────────────────────────────
+
+
+def _smg_successes(ledger: Ledger) -> dict[int, int]:
+    """Per shard: the successes SMG counted for its engine, as the sync wrote them."""
+    ledger.catch_up()
+    got: dict[int, int] = {}
+    for recorded in ledger.log.read(ledger.run, 0):
+        event = recorded.event
+        if event.type == "outcome_window_reported" and event.adapter == "smg":
+            for outcome in event.outcomes:
+                got[outcome.shard] = got.get(outcome.shard, 0) + outcome.successes
+    return got
+
+
+def test_router_sync_keeps_smg_on_the_serving_vllm_engines(engines, ledger, sqlite_url, tmp_path):
+    import httpx
+
+    from fleetledger.router.sync import RouterSync
+    from tests.test_router_sync import Launcher
+
+    launcher = Launcher(tmp_path)
+    stop = threading.Event()
+    syncing: threading.Thread | None = None
+    try:
+        smg = launcher("smg")  # empty: the sync fills it with the ledger's serving set
+        sync = RouterSync(sqlite_url, ledger.run, smg=smg.url, smg_metrics=smg.metrics_url)
+        syncing = threading.Thread(target=sync.serve_forever, args=(stop,), daemon=True)
+        syncing.start()
+        urls = engines.fleet.base_urls()
+        origins = [u.removesuffix("/v1") for u in urls]
+        _until(lambda: smg.routed() == set(origins), "SMG to list both engines")
+        model = openai.OpenAI(base_url=urls[0], api_key="unused").models.list().data[0].id
+        ask = {"model": model, "prompt": "What is 2+2?", "max_tokens": 2, "temperature": 0}
+        ledger.actor_died(0, "recorded dead by the test")
+        _until(lambda: smg.routed() == {origins[1]}, "SMG to drop the dead shard's engine")
+        for _ in range(4):
+            assert httpx.post(f"{smg.url}/v1/completions", json=ask, timeout=60).status_code == 200
+        # SMG's own per-worker counts, handed to the ledger as windows: every request
+        # went to the engine the ledger has serving, none to the one it has dead.
+        _until(lambda: _smg_successes(ledger).get(1, 0) == 4, "SMG's counts in the ledger")
+        assert _smg_successes(ledger).get(0, 0) == 0
+    finally:
+        stop.set()
+        if syncing is not None:
+            syncing.join(timeout=30)
+        launcher.reap()

@@ -8,6 +8,7 @@ from fleetledger.cli import (  # noqa: F401 - imported for their commands
     ledger_commands,
     replay_commands,
     router_commands,
+    router_sync_commands,
     serve_commands,
     simulate_commands,
     timeline_commands,

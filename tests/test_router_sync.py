@@ -1,0 +1,745 @@
+"""``router-sync`` end to end: real ``smg`` and ``vllm-router`` processes driven by a real
+ledger, real HTTP engines behind them, requests sent through the external router.
+
+The engines are small aiohttp servers (``/health``, ``/v1/models``, ``/v1/completions``)
+that count the generations they receive, so a test can say that a dead engine got no
+request after its removal. Each external router runs as the docs recommend (its own
+ejection off where it can be: SMG ``--disable-health-check --disable-circuit-breaker
+--disable-retries``; vllm-router ``--disable-circuit-breaker --disable-retries
+--health-check-interval-secs 86400``) on free ports with a Prometheus port of its own,
+and is reaped by its fixture. Nothing asserts on timing: waits are for conditions,
+bounded only so that a broken sync fails instead of hanging; the removal lag is
+printed (``-s``), not judged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetledger.config import ControllerConfig
+from fleetledger.controller.ledger import Ledger
+from fleetledger.events.models import OutcomeWindowReported
+from fleetledger.router.external import Presence
+from fleetledger.router.sync import RouterSync, RouterSyncError
+from fleetledger.router.sync_outcomes import CounterDeltas, WorkerCounts
+from fleetledger.router.sync_rule import RULES, Action, reconcile
+from fleetledger.store.log import EventLog
+from tests.fake_engines import Loop, ServedApp
+
+RUN = "run-sync"
+BIN = Path(sys.executable).parent
+FLEETLEDGER = str(BIN / "fleetledger")
+
+
+# ── engines ──────────────────────────────────────────────────────────────────────────
+
+
+class Engine(ServedApp):
+    """An OpenAI-compatible engine on 127.0.0.1 that counts its generations; ``status``
+    is what every generation is answered with (200: a completion)."""
+
+    def __init__(self, loop: Loop, name: str) -> None:
+        self.name = name
+        self.loop = loop
+        self.status = 200
+        self.healthy = True  # False: /health answers 503
+        self.received: Counter[str] = Counter()
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        super().__init__(loop, app)
+
+    @property
+    def generations(self) -> int:
+        return self.received["/v1/completions"]
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self.received[request.path] += 1
+        return web.Response(
+            text="ok" if self.healthy else "sick", status=200 if self.healthy else 503
+        )
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received[request.path] += 1
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.received[request.path] += 1
+        if self.status != 200:
+            return web.json_response({"error": {"message": "engine busy"}}, status=self.status)
+        return web.json_response(
+            {
+                "id": "cmpl",
+                "object": "text_completion",
+                "created": 1,
+                "model": "tiny",
+                "choices": [{"index": 0, "text": self.name, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    running = Loop()
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def make_engines(loop: Loop) -> Iterator[Callable[[int], list[Engine]]]:
+    started: list[Engine] = []
+
+    def make(n: int) -> list[Engine]:
+        engines = [Engine(loop, f"e{len(started) + i}") for i in range(n)]
+        started.extend(engines)
+        return engines
+
+    yield make
+    for engine in started:
+        engine.stop()
+
+
+# ── external routers ─────────────────────────────────────────────────────────────────
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _binary(name: str) -> str:
+    found = BIN / name
+    if found.exists():
+        return str(found)
+    on_path = shutil.which(name)
+    if on_path is None:
+        pytest.skip(f"{name} is not installed (pip install {name}): no external router to drive")
+    return on_path
+
+
+# The flags the docs recommend: the router's own ejection off where it can be.
+FLAGS = {
+    "smg": [
+        "launch",
+        "--policy",
+        "round_robin",
+        "--disable-health-check",
+        "--disable-circuit-breaker",
+        "--disable-retries",
+        "--worker-startup-check-interval",
+        "1",
+        "--log-level",
+        "warn",
+    ],
+    "vllm-router": [
+        "--policy",
+        "round_robin",
+        "--disable-circuit-breaker",
+        "--disable-retries",
+        "--health-check-interval-secs",
+        "86400",
+        "--worker-startup-timeout-secs",
+        "5",
+        "--worker-startup-check-interval",
+        "1",
+        "--log-level",
+        "warning",
+    ],
+}
+LIST_PATH = {"smg": "/workers", "vllm-router": "/list_workers"}
+
+
+@dataclass
+class External:
+    """One external router process, on ports the test chose."""
+
+    kind: str
+    port: int
+    metrics_port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def routed(self) -> set[str]:
+        """The workers the router lists as taking traffic, read straight from its API."""
+        status, body = call("GET", self.url + LIST_PATH[self.kind])
+        assert status == 200, body
+        listed = json.loads(body)
+        if self.kind == "vllm-router":
+            return set(listed["urls"])
+        return {w["url"] for w in listed["workers"] if w["status"] == "ready" and w["is_healthy"]}
+
+    def complete(self, prompt: str = "hi") -> int:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+        return call("POST", self.url + "/v1/completions", body)[0]
+
+
+class Launcher:
+    """Starts external routers and reaps every one it started."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[External] = []
+
+    def __call__(
+        self,
+        kind: str,
+        workers: list[str] | None = None,
+        *,
+        port: int | None = None,
+        metrics_port: int | None = None,
+        flags: list[str] | None = None,
+    ) -> External:
+        binary = _binary(kind)
+        port = port or _free_port()
+        metrics_port = metrics_port or _free_port()
+        argv = [binary, *(FLAGS[kind] if flags is None else flags)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)]
+        if workers:
+            argv += ["--worker-urls", *workers]
+        out = (self.tmp_path / f"{kind}-{port}-{len(self.started)}.log").open("wb")
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        out.close()
+        external = External(kind, port, metrics_port, proc)
+        self.started.append(external)
+        wait_until(lambda: _answers(external), f"{kind} to answer on port {port}", 60)
+        # SMG registers its --worker-urls in the background: wait for them.
+        wait_until(lambda: external.routed() == set(workers or ()), f"{kind}'s workers", 60)
+        return external
+
+    def reap(self) -> None:
+        for external in self.started:
+            external.kill()
+
+
+def _answers(external: External) -> bool:
+    if external.proc.poll() is not None:
+        raise AssertionError(f"{external.kind} exited with {external.proc.returncode}")
+    try:
+        return call("GET", external.url + LIST_PATH[external.kind], timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path)
+    yield launcher
+    launcher.reap()
+
+
+@pytest.fixture(params=["smg", "vllm-router"])
+def kind(request: pytest.FixtureRequest) -> str:
+    _binary(request.param)
+    return str(request.param)
+
+
+# ── the sync, the ledger, waiting ────────────────────────────────────────────────────
+
+
+def start_run(url: str, base_urls: list[str], run: str = RUN) -> Ledger:
+    config = ControllerConfig().fleet_config(
+        shard_count=len(base_urls), train_world_size=1, base_urls=base_urls
+    )
+    return Ledger.start(EventLog.open(url), run, config)
+
+
+def new_sync(url: str, router: External, **kwargs: Any) -> RouterSync:
+    names = {"smg": "smg", "vllm-router": "vllm_router"}
+    given = {names[router.kind]: router.url, f"{names[router.kind]}_metrics": router.metrics_url}
+    return RouterSync(url, RUN, **given, **kwargs)
+
+
+class Served:
+    """A sync in a thread of its own, through ``serve_forever`` (as the command runs it)."""
+
+    def __init__(self, sync: RouterSync) -> None:
+        self.sync = sync
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=sync.serve_forever, args=(self.stop_event,))
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[RouterSync], Served]]:
+    started: list[Served] = []
+
+    def make(sync: RouterSync) -> Served:
+        served = Served(sync)
+        started.append(served)
+        return served
+
+    yield make
+    for served in started:
+        if served.thread.is_alive():
+            served.stop()
+
+
+def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def call(
+    method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30
+) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def windows(url: str, run: str = RUN) -> list[OutcomeWindowReported]:
+    with EventLog.open(url, mode="read") as log:
+        return [r.event for r in log.read(run) if isinstance(r.event, OutcomeWindowReported)]
+
+
+def lag_count(sync: RouterSync, kind: str) -> float:
+    value = sync.metrics.registry.get_sample_value(
+        "fleetledger_router_sync_lag_seconds_count", {"router": kind}
+    )
+    return value or 0.0
+
+
+# ── membership: deaths, partial weights, re-admission ────────────────────────────────
+
+
+def test_a_dead_shard_leaves_the_router_and_gets_no_request_after(
+    sqlite_url, kind, make_engines, launch, serve
+):
+    engines = make_engines(3)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch(kind)  # empty: the sync fills it
+    served = serve(new_sync(sqlite_url, router))
+    every = {e.origin for e in engines}
+    wait_until(lambda: router.routed() == every, f"{kind} to list the three serving shards")
+    assert all(router.complete(f"p{i}") == 200 for i in range(6))
+    assert all(e.generations > 0 for e in engines)  # round robin: each got some
+    ledger.actor_died(1, "ActorDiedError: killed")
+    wait_until(lambda: router.routed() == every - {engines[1].origin}, "shard 1's removal")
+    before = engines[1].generations
+    assert all(router.complete(f"q{i}") == 200 for i in range(12))
+    assert engines[1].generations == before
+    assert engines[0].generations + engines[2].generations >= 4 + 12
+    served.stop()
+    assert lag_count(served.sync, kind) == 1
+    print(f"\n{kind}: removal lag {served.sync.recent_lags[-1][2] * 1000:.1f} ms")
+
+
+@pytest.mark.postgres
+def test_a_dead_shard_leaves_smg_on_postgresql(migrated_postgres_url, make_engines, launch, serve):
+    """The same on PostgreSQL, where an append's notification wakes the sync."""
+    engines = make_engines(2)
+    ledger = start_run(migrated_postgres_url, [e.base_url for e in engines])
+    router = launch("smg")
+    served = serve(new_sync(migrated_postgres_url, router, poll_s=1.0))
+    wait_until(lambda: router.routed() == {e.origin for e in engines}, "both shards listed")
+    ledger.actor_died(0, "ActorDiedError: killed")
+    wait_until(lambda: router.routed() == {engines[1].origin}, "shard 0's removal")
+    wait_until(lambda: lag_count(served.sync, "smg") == 1, "the removal's lag")
+    before = engines[0].generations
+    assert all(router.complete(f"q{i}") == 200 for i in range(4))
+    assert engines[0].generations == before
+
+
+def test_partial_weights_and_a_replacement_are_routed_only_after_the_refit(
+    sqlite_url, kind, make_engines, launch
+):
+    engines = make_engines(3)
+    ledger = start_run(sqlite_url, [engines[0].base_url, engines[1].base_url])
+    router = launch(kind, [engines[0].origin, engines[1].origin])
+    sync = new_sync(sqlite_url, router)
+    sync.step()
+    ledger.mark_weights_partial(1, [1])  # an aborted refit's partial weights: STALE
+    ledger.actor_died(0, "ActorDiedError: killed")
+    ledger.restart_requested(0)
+    ledger.replacement_loaded(0, engines[2].base_url)  # alive, old weights: STALE
+    verdicts = sync.step()[kind]
+    assert {v.action for v in verdicts} == {Action.REMOVE}
+    assert {v.url: v.reason for v in verdicts} == {
+        engines[0].origin: "no shard of the run has this URL now: not serving in the ledger",
+        engines[1].origin: "shard 1 is STALE (since seq 2): not serving in the ledger",
+    }
+    wait_until(lambda: router.routed() == set(), "both shards out of the router")
+    assert router.complete() != 200  # nothing to route to
+    assert engines[2].generations == 0  # STALE is never routed
+    ledger.refit_started(2)
+    ledger.refit_completed(2)  # re-admits both STALE shards
+    # SMG drains a removed worker for 5 s: shard 1's URL waits that long to be added back.
+    pair = {engines[1].origin, engines[2].origin}
+    wait_until(lambda: bool(sync.step()) and router.routed() == pair, "the re-admitted pair")
+    assert all(router.complete(f"p{i}") == 200 for i in range(4))
+    assert engines[2].generations > 0 and engines[1].generations > 0
+    sync.close()
+
+
+# ── restarts: the sync's and the router's ────────────────────────────────────────────
+
+
+def test_a_restarted_sync_converges_at_its_first_step(sqlite_url, kind, make_engines, launch):
+    engines = make_engines(4)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:3]])
+    # The router starts with a shard the ledger will condemn and an engine of no shard.
+    router = launch(kind, [engines[0].origin, engines[1].origin, engines[3].origin])
+    first = new_sync(sqlite_url, router)
+    first.step()
+    wait_until(lambda: router.routed() == {e.origin for e in engines[:3]}, "the run's three")
+    first.close()
+    ledger.actor_died(1, "gone while the sync was down")
+    second = new_sync(sqlite_url, router, poll_s=3600, reconcile_s=3600)
+    verdicts = {v.url: v.action for v in second.step()[kind]}  # its first step
+    assert verdicts.pop(engines[3].origin, Action.WAIT) is Action.WAIT  # SMG: still draining
+    assert verdicts == {
+        engines[0].origin: Action.KEEP,
+        engines[1].origin: Action.REMOVE,
+        engines[2].origin: Action.KEEP,
+    }
+    wait_until(lambda: router.routed() == {engines[0].origin, engines[2].origin}, "convergence")
+    second.close()
+
+
+def test_a_restarted_router_is_repopulated_and_said_once(
+    sqlite_url, kind, make_engines, launch, serve
+):
+    engines = make_engines(2)
+    start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch(kind)
+    every = {e.origin for e in engines}
+    with structlog.testing.capture_logs() as logged:
+        served = serve(new_sync(sqlite_url, router, reconcile_s=0.1))
+        wait_until(lambda: router.routed() == every, "the router populated")
+        router.kill()
+        wait_until(lambda: served.sync.failing()[kind], "the sync to notice the router is gone")
+        again = launch(kind, port=router.port, metrics_port=router.metrics_port)  # empty
+        wait_until(lambda: again.routed() == every, "the restarted router repopulated")
+        wait_until(lambda: not served.sync.failing()[kind], "the sync to say it recovered")
+        served.stop()
+    said = [e for e in logged if e["event"] == "router-sync failing" and e["party"] == kind]
+    assert len(said) == 1, said
+    assert all(again.complete(f"p{i}") == 200 for i in range(2))
+
+
+# Each router with its own health checks on, fast: what the sync does when it ejects.
+FAST_CHECKS = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
+CHECKING = {
+    "smg": [f for f in FLAGS["smg"] if f != "--disable-health-check"] + FAST_CHECKS,
+    "vllm-router": FLAGS["vllm-router"] + FAST_CHECKS,  # the later setting wins
+}
+
+
+def test_a_worker_the_router_ejects_on_its_own_is_removed_and_added_afresh(
+    sqlite_url, kind, make_engines, launch, serve
+):
+    engines = make_engines(2)
+    start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch(kind, [e.origin for e in engines], flags=CHECKING[kind])
+    served = serve(new_sync(sqlite_url, router, reconcile_s=0.2))
+    engines[1].healthy = False  # the ledger still has shard 1 serving
+
+    def removals() -> float:
+        labels = {"router": kind, "action": "remove"}
+        value = served.sync.metrics.registry.get_sample_value(
+            "fleetledger_router_sync_changes_total", labels
+        )
+        return value or 0.0
+
+    wait_until(lambda: removals() >= 1, "the sync to remove the ejected worker")
+    assert router.routed() <= {engines[0].origin}
+    engines[1].healthy = True
+    every = {e.origin for e in engines}
+    wait_until(lambda: router.routed() == every, "the worker added afresh and routed")
+    served.stop()
+
+
+def test_when_the_run_ends_the_router_is_emptied_and_the_sync_stops(
+    sqlite_url, kind, make_engines, launch, serve
+):
+    engines = make_engines(2)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch(kind, [e.origin for e in engines])
+    served = serve(new_sync(sqlite_url, router))
+    ledger.end_run("completed", "done")
+    served.thread.join(timeout=30)
+    assert not served.thread.is_alive()  # stopped on its own
+    wait_until(lambda: router.routed() == set(), "the router emptied")
+
+
+# ── the lag ──────────────────────────────────────────────────────────────────────────
+
+
+def test_the_removal_lag_is_observed_for_every_kill(sqlite_url, kind, make_engines, launch, serve):
+    engines = make_engines(6)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch(kind)
+    served = serve(new_sync(sqlite_url, router))
+    left = {e.origin for e in engines}
+    wait_until(lambda: router.routed() == left, "every shard listed")
+    for shard in range(5):
+        ledger.actor_died(shard, "ActorDiedError: killed")
+        left.discard(engines[shard].origin)
+        wait_until(lambda: router.routed() == left, f"shard {shard}'s removal")
+    wait_until(lambda: lag_count(served.sync, kind) == 5, "five lags observed")
+    served.stop()
+    lags = sorted(lag for _, _, lag in served.sync.recent_lags)
+    p50, top = statistics.median(lags) * 1000, lags[-1] * 1000
+    print(f"\n{kind}: removal lag over {len(lags)} kills: p50 {p50:.1f} ms, max {top:.1f} ms")
+    rendered = served.sync.metrics.render().decode()
+    assert f'fleetledger_router_sync_lag_seconds_count{{router="{kind}"}} 5.0' in rendered
+
+
+# ── outcomes ─────────────────────────────────────────────────────────────────────────
+
+
+def test_the_routers_outcomes_become_windows_per_shard(sqlite_url, kind, make_engines, launch):
+    engines = make_engines(3)
+    engines[1].status = 500
+    ledger = start_run(sqlite_url, [e.base_url for e in engines[:2]])
+    router = launch(kind, [engines[0].origin, engines[1].origin])
+    sync = new_sync(sqlite_url, router)
+    sync.step()
+    assert sync.flush_outcomes() == {kind: {}}  # the baseline: nothing before it is reported
+    statuses = Counter(router.complete(f"p{i}") for i in range(8))
+    assert statuses == {200: 4, 500: 4}
+    held = sync.flush_outcomes()[kind]
+    assert {s: (c.successes, c.failures) for s, c in held.items()} == {0: (4, 0), 1: (0, 4)}
+    (window,) = windows(sqlite_url)
+    assert window.adapter == kind
+    (ok, bad) = window.outcomes
+    assert (ok.shard, ok.successes, ok.failures) == (0, 4, ())
+    (failure,) = bad.failures
+    label = kind.replace("-", "_")
+    assert (bad.shard, failure.category, failure.reason, failure.count) == (
+        1,
+        "infra",
+        f"{label}_failure",
+        4,
+    )
+    assert ledger.catch_up() is not None
+    assert ledger.view.shards[1].reported_failures > 0  # folded against the shard
+    # Shard 1's engine is replaced before the next scrape: what the router saw of the
+    # old URL says nothing about the new one, and is dropped.
+    before = engines[0].generations
+    router.complete("q0")
+    router.complete("q1")
+    ledger.actor_died(1, "gone")
+    ledger.restart_requested(1)
+    ledger.replacement_loaded(1, engines[2].base_url)
+    held = sync.flush_outcomes()[kind]  # the router still lists the old URL: dropped
+    assert 1 not in held
+    assert held.get(0, WorkerCounts()).successes == engines[0].generations - before
+    sync.close()
+
+
+# ── the command ──────────────────────────────────────────────────────────────────────
+
+
+def _cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETLEDGER_")}
+    return env | {"FLEETLEDGER_LOG": "warning"}
+
+
+def test_the_command_drives_smg_serves_its_metrics_and_stops_on_sigterm(
+    sqlite_url, make_engines, launch, tmp_path
+):
+    engines = make_engines(2)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch("smg")
+    argv = [FLEETLEDGER, "router-sync", RUN, "--smg", router.url, "--db", sqlite_url]
+    argv += ["--smg-metrics", router.metrics_url, "--metrics-port", "0", "--window-s", "3600"]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_cli_env(),
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        metrics_url = proc.stdout.readline().strip()
+        assert metrics_url.startswith("http://127.0.0.1:") and metrics_url.endswith("/metrics")
+        wait_until(lambda: router.routed() == {e.origin for e in engines}, "smg populated")
+        assert all(router.complete(f"p{i}") == 200 for i in range(4))  # after the baseline
+        ledger.actor_died(0, "ActorDiedError: killed")
+        wait_until(lambda: router.routed() == {engines[1].origin}, "shard 0's removal")
+
+        def lag_shown() -> bool:
+            page = call("GET", metrics_url)[1].decode()
+            return 'fleetledger_router_sync_lag_seconds_count{router="smg"} 1.0' in page
+
+        wait_until(lag_shown, "the lag on the sync's /metrics")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    (window,) = windows(sqlite_url)  # handed over on SIGTERM
+    assert window.adapter == "smg"
+    assert sum(o.successes for o in window.outcomes) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["nope", "--smg", "http://127.0.0.1:9"], "no run 'nope'"),
+        ([RUN, "--smg", "http://127.0.0.1:9"], f"run '{RUN}' ended at seq"),
+        ([RUN], "give at least one of --smg URL or --vllm-router URL"),
+        ([RUN, "--vllm-router", "ftp://h:1"], "the vllm-router URL 'ftp://h:1' is not an http(s)"),
+        ([RUN, "--smg", "http://h:1/v1"], "the smg URL 'http://h:1/v1' is not an http(s)"),
+    ],
+)
+def test_the_command_refuses_in_one_line(sqlite_url, make_engines, args, says):
+    ledger = start_run(sqlite_url, [make_engines(1)[0].base_url])
+    if "ended" in says:
+        ledger.end_run("completed", "done")
+    done = subprocess.run(
+        [FLEETLEDGER, "router-sync", *args, "--db", sqlite_url],
+        capture_output=True,
+        text=True,
+        env=_cli_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fleetledger: error: router-sync"), lines
+    assert says in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({}, "name at least one external router"),
+        ({"smg_metrics": "http://h:2"}, "a smg metrics URL without a smg URL"),
+        ({"smg": "http://h:1", "poll_s": 0}, "poll_s must be a positive number"),
+        ({"smg": "http://h:1", "name": ""}, "name must be non-empty"),
+    ],
+)
+def test_bad_sync_settings_are_refused(sqlite_url, kwargs, says):
+    start_run(sqlite_url, ["http://127.0.0.1:9/v1"])
+    with pytest.raises(RouterSyncError, match=says):
+        RouterSync(sqlite_url, RUN, **kwargs)
+
+
+def test_a_taken_metrics_port_is_refused_in_one_line(sqlite_url):
+    start_run(sqlite_url, ["http://127.0.0.1:9/v1"])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(RouterSyncError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            RouterSync(sqlite_url, RUN, smg="http://127.0.0.1:9", metrics_port=port)
+
+
+# ── the reconciliation rule, as a property ───────────────────────────────────────────
+
+URLS = [f"http://h:{port}" for port in range(8)]
+
+
+@given(
+    st.dictionaries(st.sampled_from(URLS), st.integers(0, 7)),
+    st.dictionaries(st.sampled_from(URLS), st.sampled_from(list(Presence))),
+)
+def test_reconciliation_reaches_the_serving_set_and_stays_there(serving, listed):
+    verdicts = reconcile(serving, listed)
+    assert sorted(v.url for v in verdicts) == sorted(serving.keys() | listed.keys())
+    by_url = {v.url: v for v in verdicts}
+    for url, verdict in by_url.items():
+        expected, _ = RULES[(url in serving, listed.get(url))]
+        assert verdict.action is expected
+        assert verdict.reason
+        assert verdict.action is not Action.ADD or (url in serving and url not in listed)
+        assert verdict.action is not Action.REMOVE or url in listed
+        if url in serving and listed.get(url) is Presence.ROUTED:
+            assert verdict.action is Action.KEEP  # a routed serving worker is never touched
+        if url not in serving and listed.get(url) in (Presence.ROUTED, Presence.EJECTED):
+            assert verdict.action is Action.REMOVE  # whoever added it
+    actions = [v.action for v in verdicts]
+    assert actions == sorted(
+        actions, key=[Action.REMOVE, Action.ADD, Action.WAIT, Action.KEEP].index
+    )
+    # Carried out by a router that finishes what it was moving (a drain ends in removal,
+    # a pending add in a routed worker), it converges in three rounds and then holds.
+    state = dict(listed)
+    for _ in range(3):
+        for v in reconcile(serving, state):
+            if v.action is Action.REMOVE:
+                del state[v.url]
+            elif v.action is Action.ADD:
+                state[v.url] = Presence.ROUTED
+        state = {
+            u: Presence.ROUTED if p is Presence.MOVING else p
+            for u, p in state.items()
+            if not (p is Presence.MOVING and u not in serving)
+        }
+    assert state == dict.fromkeys(serving, Presence.ROUTED)
+    assert {v.action for v in reconcile(serving, state)} <= {Action.KEEP}
+
+
+@given(st.lists(st.dictionaries(st.sampled_from([("a", "ok"), ("b", "ok")]), st.integers(0, 50))))
+def test_counter_deltas_report_growth_and_read_a_reset_as_a_fresh_start(scrapes):
+    deltas = CounterDeltas()
+    previous: dict[tuple[str, ...], float] | None = None
+    for scrape in scrapes:
+        values = {k: float(v) for k, v in scrape.items()}
+        grown = deltas.take(values)
+        if previous is None:
+            assert grown == {}  # the baseline
+        else:
+            for key, value in values.items():
+                before = previous.get(key, 0.0)
+                expected = int(value - before) if value >= before else int(value)
+                assert grown.get(key, 0) == expected
+            assert set(grown) <= set(values)
+        previous = values
