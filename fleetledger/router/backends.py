@@ -91,6 +91,7 @@ class BackendConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.listener: Listener | None = None
         self._headers: Headers = []
+        self._framed = False
         self._keep_alive = False
         self._in_head = False
         self._head_fed = 0
@@ -180,11 +181,14 @@ class BackendConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._headers = []
+        self._framed = False  # a Content-Length or Transfer-Encoding seen
         self._in_head = True
         self._head_fed = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
+        if not self._framed and len(name) in (14, 17):  # the two framing headers' lengths
+            self._framed = name.lower() in (b"content-length", b"transfer-encoding")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -195,9 +199,7 @@ class BackendConnection(asyncio.Protocol):
             self._interim = True
             return
         self._keep_alive = self._parser.should_keep_alive()
-        self._until_eof = status not in (204, 304) and not any(
-            name.lower() in (b"content-length", b"transfer-encoding") for name, _ in self._headers
-        )
+        self._until_eof = status not in (204, 304) and not self._framed
         if self.listener is not None:
             self.listener.head(status, self._headers, self._keep_alive)
 

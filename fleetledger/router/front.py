@@ -58,6 +58,7 @@ class Inbound:
 
     __slots__ = (
         "_buffered",
+        "chunked",
         "chunks",
         "complete",
         "expect_continue",
@@ -81,6 +82,7 @@ class Inbound:
         self.version = b"1.1"
         self.keep_alive = True
         self.has_body = False
+        self.chunked = False
         self.expect_continue = False
         self.chunks: list[bytes] = []
         self._buffered = 0
@@ -231,8 +233,11 @@ class Front(asyncio.Protocol):
         inbound.keep_alive = parser.should_keep_alive()
         for name, value in self._headers:
             lowered = name.lower()
-            if lowered in (b"content-length", b"transfer-encoding"):
+            if lowered == b"content-length":
                 inbound.has_body = inbound.has_body or value.strip() not in (b"0", b"")
+            elif lowered == b"transfer-encoding":
+                inbound.has_body = True
+                inbound.chunked = inbound.chunked or b"chunked" in value.lower()
             elif lowered == b"expect" and value.strip().lower() == b"100-continue":
                 inbound.expect_continue = True
         self._current = inbound

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from typing import NamedTuple
 
 from fleetledger.router.backends import BackendConnection, BackendPool, Headers, Origin
 from fleetledger.router.front import Front, Inbound
@@ -52,7 +53,7 @@ __all__ = [
     "answer",
     "error_answer",
     "forward",
-    "forwarded_headers",
+    "read_head",
 ]
 
 SHARD_HEADER = "x-fleetledger-shard"
@@ -81,31 +82,38 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"expect"}
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
-def forwarded_headers(headers: Headers, *, keep_length: bool) -> list[bytes]:
-    """``headers`` as ``b"Name: value\\r\\n"`` lines, without the hop-by-hop ones (and
-    those ``Connection`` names), ``Host``, ``Expect``, and ``Content-Length`` unless
-    ``keep_length``."""
+class ReadHead(NamedTuple):
+    """A message's headers, read once: the lines to forward and the body's framing."""
+
+    lines: list[bytes]  # ``b"Name: value\r\n"``, what is passed on
+    chunked: bool
+    has_length: bool
+    event_stream: bool
+
+
+def read_head(headers: Headers) -> ReadHead:
+    """``headers`` in one pass (each name lower-cased once: this is on every request's
+    path twice): the lines to pass on — without the hop-by-hop ones and those
+    ``Connection`` names, ``Host``, ``Expect``, and ``Content-Length`` unless the body is
+    passed with the same framing (a length, not chunks) — and the framing."""
+    lowered = [name.lower() for name, _ in headers]
     drop = _NOT_FORWARDED
-    for name, value in headers:
-        if name.lower() == b"connection":
-            named = {t.strip().lower() for t in value.split(b",") if t.strip()}
-            drop = drop | named
-    if not keep_length:
-        drop = drop | {b"content-length"}
-    return [b"%s: %s\r\n" % (n, v) for n, v in headers if n.lower() not in drop]
-
-
-def _framing(headers: Headers) -> tuple[bool, bool]:
-    """(chunked, has a Content-Length) of a message's headers."""
-    chunked = False
-    length = False
-    for name, value in headers:
-        lowered = name.lower()
-        if lowered == b"transfer-encoding":
+    chunked = has_length = event_stream = False
+    for low, (_, value) in zip(lowered, headers, strict=True):
+        if low == b"connection":
+            drop = drop | {t.strip().lower() for t in value.split(b",") if t.strip()}
+        elif low == b"transfer-encoding":
             chunked = chunked or b"chunked" in value.lower()
-        elif lowered == b"content-length":
-            length = True
-    return chunked, length
+        elif low == b"content-length":
+            has_length = True
+        elif low == b"content-type":
+            event_stream = value.startswith(b"text/event-stream")
+    if chunked or not has_length:
+        drop = drop | {b"content-length"}
+    lines = [
+        b"%s: %s\r\n" % pair for low, pair in zip(lowered, headers, strict=True) if low not in drop
+    ]
+    return ReadHead(lines, chunked, has_length, event_stream)
 
 
 def _discard(_chunk: bytes) -> None:
@@ -209,7 +217,7 @@ class _Exchange:
         self._chunked_out = False
         self._event_stream = False
         self._held_for_client = False  # the backend's socket paused: the client is slow
-        self._request_whole = not (inbound.has_body or _framing(inbound.headers)[0])
+        self._request_whole = not (inbound.has_body or inbound.chunked)
         self._sent_at = time.monotonic()
 
     @property
@@ -228,9 +236,9 @@ class _Exchange:
         if front.closed:
             self.client_lost()
             return
-        chunked, has_length = _framing(headers)
-        keep_length = has_length and not chunked
-        lines = forwarded_headers(headers, keep_length=keep_length)
+        read = read_head(headers)
+        keep_length = read.has_length and not read.chunked
+        lines = read.lines
         lines.append(b"%s: %d\r\n" % (SHARD_HEADER.encode(), self.shard))
         lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_HEADER.encode(), self.version_at))
         now_version = self.version_now()
@@ -248,9 +256,7 @@ class _Exchange:
         if not keep_client:
             self.inbound.keep_alive = False
             lines.append(b"Connection: close\r\n")
-        for name, value in headers:
-            if name.lower() == b"content-type" and value.startswith(b"text/event-stream"):
-                self._event_stream = True
+        self._event_stream = read.event_stream
         front.write(b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, _reason(status), b"".join(lines)))
         outcome.answered = status
         outcome.first_byte_at = time.monotonic()
@@ -418,8 +424,9 @@ async def forward(
         exchange.client_lost()
         return await exchange.done
     exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
-    chunked_in, has_length = _framing(inbound.headers)
-    lines = forwarded_headers(inbound.headers, keep_length=has_length and not chunked_in)
+    read = read_head(inbound.headers)
+    chunked_in = read.chunked
+    lines = read.lines
     if chunked_in:
         lines.append(b"Transfer-Encoding: chunked\r\n")
     head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
