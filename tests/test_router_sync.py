@@ -14,7 +14,9 @@ printed (``-s``), not judged.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -28,6 +30,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,10 +44,20 @@ from hypothesis import strategies as st
 from fleetledger.config import ControllerConfig
 from fleetledger.controller.ledger import Ledger
 from fleetledger.events.models import OutcomeWindowReported
-from fleetledger.router.external import Presence
+from fleetledger.projections.shard_states import ShardState
+from fleetledger.router.external import ExternalRouterError, Presence, fetch_metrics
 from fleetledger.router.sync import RouterSync, RouterSyncError
+from fleetledger.router.sync_membership import Membership, MembershipFollower
 from fleetledger.router.sync_outcomes import CounterDeltas, WorkerCounts
-from fleetledger.router.sync_rule import RULES, Action, reconcile
+from fleetledger.router.sync_rule import (
+    RULES,
+    Action,
+    AddState,
+    Settlement,
+    credit,
+    reconcile,
+    settle_leave,
+)
 from fleetledger.store.log import EventLog
 from tests.fake_engines import Loop, ServedApp
 
@@ -580,6 +593,536 @@ def test_the_routers_outcomes_become_windows_per_shard(sqlite_url, kind, make_en
     sync.close()
 
 
+# ── adds a router may still complete ─────────────────────────────────────────────────
+
+
+def _probed(engine: Engine) -> bool:
+    """The router is waiting on the engine's /health to complete an add."""
+    return engine.received["/health"] >= 1
+
+
+@contextmanager
+def captured() -> Iterator[list[dict[str, Any]]]:
+    """Log events down to info, captured (the suite lets only warnings through)."""
+    before = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    try:
+        with structlog.testing.capture_logs() as logged:
+            yield logged
+    finally:
+        structlog.configure(wrapper_class=before)
+
+
+def _said(logged: list[dict[str, Any]], event: str, party: str | None = None) -> list[Any]:
+    return [e for e in logged if e["event"] == event and party in (None, e.get("party"))]
+
+
+def test_an_smg_add_pending_when_its_shard_leaves_is_removed_the_moment_it_lands(
+    sqlite_url, make_engines, launch, serve
+):
+    e0, e1 = make_engines(2)
+    e0.healthy = False  # still loading: SMG holds the add, and cannot cancel it
+    ledger = start_run(sqlite_url, [e0.base_url, e1.base_url])
+    router = launch("smg")
+    with captured() as logged:
+        served = serve(new_sync(sqlite_url, router))
+        wait_until(lambda: router.routed() == {e1.origin} and _probed(e0), "e0's add pending")
+        ledger.actor_died(0, "ActorDiedError: killed")
+        wait_until(lambda: served.sync.failing()["smg"], "the leave said to be behind")
+        assert lag_count(served.sync, "smg") == 0  # not out: SMG may still add it
+        e0.healthy = True  # a restart at the same URL answers /health: the add lands
+        wait_until(lambda: lag_count(served.sync, "smg") == 1, "the leave confirmed out")
+        assert router.routed() == {e1.origin}
+        before = e0.generations
+        assert all(router.complete(f"p{i}") == 200 for i in range(6))
+        assert e0.generations == before
+        served.stop()
+    (behind,) = _said(logged, "router-sync failing", "smg")
+    assert "waiting on an add the router cannot cancel" in behind["problem"]
+    assert [e["worker"] for e in _said(logged, "worker removed")] == [e0.origin]
+
+
+def test_when_the_run_ends_with_an_smg_add_pending_the_sync_stops_once_it_is_out(
+    sqlite_url, make_engines, launch, serve
+):
+    e0, e1 = make_engines(2)
+    e0.healthy = False
+    ledger = start_run(sqlite_url, [e0.base_url, e1.base_url])
+    router = launch("smg")
+    with captured() as logged:
+        served = serve(new_sync(sqlite_url, router, settle_s=120))
+        wait_until(lambda: router.routed() == {e1.origin} and _probed(e0), "e0's add pending")
+        ledger.end_run("completed", "done")
+        wait_until(lambda: served.sync.failing()["smg"], "the pending add said to be behind")
+        assert served.thread.is_alive()  # SMG may still add e0: the sync does not stop
+        e0.healthy = True
+        served.thread.join(timeout=60)
+        assert not served.thread.is_alive()
+    assert router.routed() == set()
+    before = e0.generations
+    assert router.complete() != 200
+    assert e0.generations == before
+    assert _said(logged, "run ended: the routers were emptied; router-sync stops")
+
+
+# vllm-router waiting long for an add's /health (its own default is 600 s).
+LONG_ADDS = [
+    "600" if previous == "--worker-startup-timeout-secs" else flag
+    for previous, flag in zip(["", *FLAGS["vllm-router"]], FLAGS["vllm-router"], strict=False)
+]
+
+
+def test_a_vllm_router_add_in_progress_is_hung_up_on_when_its_shard_leaves(
+    sqlite_url, make_engines, launch, serve
+):
+    e0, e1 = make_engines(2)
+    e0.healthy = False  # vllm-router's add blocks until it answers /health
+    ledger = start_run(sqlite_url, [e0.base_url, e1.base_url])
+    router = launch("vllm-router", flags=LONG_ADDS)
+    with captured() as logged:
+        served = serve(new_sync(sqlite_url, router))
+        wait_until(lambda: router.routed() == {e1.origin} and _probed(e0), "e0's add waiting")
+        ledger.actor_died(0, "ActorDiedError: killed")
+        # Out once the add's call, hung up on, ends: the sync never waits for the add's
+        # own deadline, nor reports a worker that was never routed as one it is behind on.
+        wait_until(lambda: lag_count(served.sync, "vllm-router") == 1, "the leave confirmed")
+        served.stop()
+    assert _said(logged, "add taken back: its shard left the serving set, or the sync stops")
+    refused = "router refused to add a worker; tried again while the ledger has it serving"
+    assert not _said(logged, refused)
+    assert e0.origin not in router.routed()
+
+
+def test_closing_takes_back_a_vllm_router_add_in_progress(sqlite_url, make_engines, launch):
+    (engine,) = make_engines(1)
+    engine.healthy = False
+    start_run(sqlite_url, [engine.base_url])
+    router = launch("vllm-router", flags=LONG_ADDS)
+    sync = new_sync(sqlite_url, router)
+    sync.step(wait_for_adds=False)
+    wait_until(lambda: _probed(engine), "the add waiting on the engine's /health")
+    sync.close()
+    # Negative checks, so they take a wait: vllm-router probes a waiting add's /health
+    # every second (--worker-startup-check-interval 1); an abandoned add is probed no more.
+    time.sleep(1.5)
+    probes = engine.received["/health"]
+    engine.healthy = True
+    time.sleep(2.5)
+    assert engine.received["/health"] == probes
+    assert router.routed() == set()
+
+
+# ── one router's trouble is its own ──────────────────────────────────────────────────
+
+
+class Trickler:
+    """A TCP server that reads a request and answers it one byte every half second,
+    never finishing: a router that hangs without refusing."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stopped = threading.Event()
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        try:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            while not self.stopped.wait(0.5):
+                conn.sendall(b" ")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=10)
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def trickler() -> Iterator[Trickler]:
+    server = Trickler()
+    yield server
+    server.close()
+
+
+def test_every_call_to_a_router_has_a_deadline_for_its_whole_answer(trickler):
+    failed: list[str] = []
+
+    def fetch() -> None:
+        try:
+            fetch_metrics("smg", trickler.url)
+        except ExternalRouterError as exc:
+            failed.append(str(exc))
+
+    caller = threading.Thread(target=fetch, daemon=True)
+    caller.start()
+    caller.join(timeout=30)
+    assert not caller.is_alive()
+    (said,) = failed
+    assert said.startswith(f"smg at {trickler.url}: GET /metrics failed (TimeoutError"), said
+
+
+def test_a_router_that_trickles_its_answers_holds_up_no_other_routers_removals(
+    sqlite_url, make_engines, launch, serve, trickler
+):
+    engines = make_engines(2)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch("vllm-router", [e.origin for e in engines])
+    sync = RouterSync(
+        sqlite_url,
+        RUN,
+        smg=trickler.url,
+        smg_metrics=trickler.url,
+        vllm_router=router.url,
+        vllm_router_metrics=router.metrics_url,
+    )
+    served = serve(sync)
+    ledger.actor_died(0, "ActorDiedError: killed")
+    wait_until(lambda: router.routed() == {engines[1].origin}, "vllm-router's removal")
+    before = engines[0].generations
+    assert all(router.complete(f"p{i}") == 200 for i in range(4))
+    assert engines[0].generations == before
+    wait_until(lambda: sync.failing()["smg"], "the trickling SMG said to be failing")
+    assert not sync.failing()["vllm-router"]
+    served.stop()  # bounded: its calls to the trickler end at their deadlines
+
+
+def test_vllm_router_removals_go_on_when_its_metrics_cannot_be_read(
+    sqlite_url, make_engines, launch, serve
+):
+    engines = make_engines(2)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch("vllm-router", [e.origin for e in engines])
+    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    with captured() as logged:
+        sync = RouterSync(sqlite_url, RUN, vllm_router=router.url, vllm_router_metrics=closed)
+        served = serve(sync)
+        ledger.actor_died(0, "ActorDiedError: killed")
+        wait_until(lambda: router.routed() == {engines[1].origin}, "the dead shard's removal")
+        served.stop()
+    (failing,) = _said(logged, "router-sync failing", "vllm-router")  # said once
+    assert "its listed workers are taken as routed" in failing["problem"]
+
+
+def test_one_refused_removal_stops_no_other_removal_nor_the_adds(sqlite_url, loop):
+    calls: list[tuple[str, str]] = []
+    listed = [
+        {"id": "a", "url": "http://10.9.9.1:1", "status": "ready", "is_healthy": True},
+        {"id": "b", "url": "http://10.9.9.2:1", "status": "ready", "is_healthy": True},
+    ]
+
+    async def workers(request: web.Request) -> web.Response:
+        return web.json_response({"workers": listed})
+
+    async def delete(request: web.Request) -> web.Response:
+        worker = request.match_info["id"]
+        calls.append(("DELETE", worker))
+        if worker == "a":
+            return web.json_response({"error": "internal"}, status=500)
+        listed[:] = [w for w in listed if w["id"] != worker]
+        return web.json_response({"status": "accepted"}, status=202)
+
+    async def add(request: web.Request) -> web.Response:
+        calls.append(("POST", (await request.json())["url"]))
+        return web.json_response({"status": "accepted", "worker_id": "c"}, status=202)
+
+    async def state(request: web.Request) -> web.Response:
+        return web.json_response({"status": "pending"})
+
+    app = web.Application()
+    app.router.add_get("/workers", workers)
+    app.router.add_post("/workers", add)
+    app.router.add_get("/workers/{id}", state)
+    app.router.add_delete("/workers/{id}", delete)
+    fake = ServedApp(loop, app)
+    try:
+        start_run(sqlite_url, ["http://10.9.9.3:1/v1"])
+        with captured() as logged:
+            sync = RouterSync(sqlite_url, RUN, smg=fake.origin)
+            for _ in range(3):
+                sync.step()
+            sync.close()
+    finally:
+        fake.stop()
+    assert ("DELETE", "b") in calls
+    assert calls.count(("POST", "http://10.9.9.3:1")) == 1  # pending since: not asked again
+    (failing,) = _said(logged, "router-sync failing", "smg")
+    assert failing["problem"].startswith("a removal refused: smg at")
+    assert "DELETE /workers/a (http://10.9.9.1:1) answered 500" in failing["problem"]
+
+
+W = "http://10.9.9.3:1"
+
+
+@pytest.mark.parametrize(
+    ("page", "failing"),
+    [
+        (f'smg_worker_cb_outcomes_total{{worker="{W}",outcome="success"}} +Inf\n', True),
+        (f'smg_worker_cb_outcomes_total{{worker="{W}",outcome="success"}} NaN\n', True),
+        (f'smg_worker_cb_outcomes_total{{worker="{W}"}} 5\n', True),
+        ('smg_worker_cb_outcomes_total{outcome="success"} 5\n', True),
+        ("smg_worker_cb_outcomes_total{{{\n", True),
+        # Finite, but more than any worker serves: dropped, not handed over one by one.
+        (f'smg_worker_cb_outcomes_total{{worker="{W}",outcome="failure"}} 1e300\n', False),
+    ],
+)
+def test_garbage_on_a_metrics_page_is_a_failing_router_not_a_crash(sqlite_url, loop, page, failing):
+    pages = iter([f'smg_worker_cb_outcomes_total{{worker="{W}",outcome="success"}} 1\n'])
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=next(pages, page))
+
+    async def workers(request: web.Request) -> web.Response:
+        return web.json_response({"workers": []})
+
+    async def add(request: web.Request) -> web.Response:
+        return web.json_response({"status": "accepted"}, status=202)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/workers", workers)
+    app.router.add_post("/workers", add)
+    fake = ServedApp(loop, app)
+    try:
+        start_run(sqlite_url, [W + "/v1"])
+        sync = RouterSync(sqlite_url, RUN, smg=fake.origin, smg_metrics=fake.origin)  # baseline
+        assert sync.flush_outcomes() == {"smg": {}}
+        assert sync.failing()["smg"] is failing
+        sync.close()
+    finally:
+        fake.stop()
+    assert windows(sqlite_url) == []
+
+
+def test_a_vllm_router_health_page_without_worker_labels_stops_no_removal(sqlite_url, loop):
+    removed: list[str] = []
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response({"urls": [] if removed else ["http://10.9.9.1:1"]})
+
+    async def remove(request: web.Request) -> web.Response:
+        removed.append(request.query["url"])
+        return web.Response(text="ok")
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="vllm_router_worker_health 0\n")
+
+    app = web.Application()
+    app.router.add_get("/list_workers", listing)
+    app.router.add_post("/remove_worker", remove)
+    app.router.add_get("/metrics", metrics)
+    fake = ServedApp(loop, app)
+    try:
+        start_run(sqlite_url, ["ray://shard-0"])  # no worker serves: everything listed goes
+        sync = RouterSync(sqlite_url, RUN, vllm_router=fake.origin, vllm_router_metrics=fake.origin)
+        sync.step()
+        assert sync.failing()["vllm-router"]
+        sync.close()
+    finally:
+        fake.stop()
+    assert removed == ["http://10.9.9.1:1"]
+
+
+def test_an_smg_add_under_way_is_followed_not_asked_again_nor_counted(sqlite_url, loop):
+    posts: list[str] = []
+    given_up = threading.Event()
+    under_way = "01a23c58-4a9b-7022-a269-cc7324d09cb8"
+
+    async def workers(request: web.Request) -> web.Response:
+        return web.json_response({"workers": []})
+
+    async def add(request: web.Request) -> web.Response:
+        posts.append((await request.json())["url"])
+        if len(posts) == 1:  # a previous sync's add, still waiting for the engine
+            error = f"Worker creation already in progress for URL 'x' with ID {under_way}."
+            body = {"error": error, "code": "WORKER_CREATE_IN_PROGRESS"}
+            return web.json_response(body, status=409)
+        return web.json_response({"status": "accepted", "worker_id": "new"}, status=202)
+
+    async def state(request: web.Request) -> web.Response:
+        if request.match_info["id"] == under_way and given_up.is_set():
+            return web.json_response({"error": "not found"}, status=404)
+        return web.json_response({"status": "pending"})
+
+    app = web.Application()
+    app.router.add_get("/workers", workers)
+    app.router.add_post("/workers", add)
+    app.router.add_get("/workers/{id}", state)
+    fake = ServedApp(loop, app)
+
+    def adds(sync: RouterSync) -> float:
+        labels = {"router": "smg", "action": "add"}
+        value = sync.metrics.registry.get_sample_value(
+            "fleetledger_router_sync_changes_total", labels
+        )
+        return value or 0.0
+
+    try:
+        start_run(sqlite_url, [W + "/v1"])
+        # reconcile_s is also how long an answered add is not asked again: nothing here.
+        sync = RouterSync(sqlite_url, RUN, smg=fake.origin, reconcile_s=1e-6)
+        for _ in range(3):
+            sync.step()
+        assert posts == [W] and adds(sync) == 0  # a 409 added nothing
+        given_up.set()  # SMG gave that add up: asked again, accepted, counted once
+        for _ in range(3):
+            sync.step()
+        assert posts == [W, W] and adds(sync) == 1
+        sync.close()
+    finally:
+        fake.stop()
+
+
+# ── the run's end, outcomes and URLs ─────────────────────────────────────────────────
+
+
+def test_a_run_that_ends_during_a_scrape_still_empties_the_router(
+    sqlite_url, loop, make_engines, launch, serve
+):
+    engines = make_engines(2)
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    router = launch("smg", [e.origin for e in engines])
+    scrapes: list[int] = []
+    scraping, ended = threading.Event(), threading.Event()
+
+    async def metrics(request: web.Request) -> web.Response:
+        scrapes.append(1)
+        if len(scrapes) == 2:  # the first window's scrape (the first is the baseline)
+            scraping.set()
+            await asyncio.to_thread(ended.wait, 30)
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    fake = ServedApp(loop, app)
+    try:
+        sync = RouterSync(sqlite_url, RUN, smg=router.url, smg_metrics=fake.origin, window_s=0.05)
+        with captured() as logged:
+            served = serve(sync)
+            wait_until(scraping.is_set, "a window's scrape")
+            ledger.end_run("completed", "done")
+            ended.set()
+            served.thread.join(timeout=30)
+        assert not served.thread.is_alive()
+    finally:
+        ended.set()
+        fake.stop()
+    assert router.routed() == set()
+    assert _said(logged, "run ended: the routers were emptied; router-sync stops")
+
+
+def test_a_dead_engines_failures_never_condemn_its_successor_at_the_same_url(
+    sqlite_url, make_engines, launch
+):
+    e0, e1 = make_engines(2)
+    ledger = start_run(sqlite_url, [e0.base_url, e1.base_url])
+    # vllm-router keeps a URL's counters across its removal and re-add.
+    router = launch("vllm-router", [e0.origin, e1.origin])
+    sync = new_sync(sqlite_url, router, window_s=3600)
+    sync.step()
+    e0.status = 500  # shard 0's engine fails its last requests, then dies
+    assert Counter(router.complete(f"p{i}") for i in range(6)) == {200: 3, 500: 3}
+    ledger.actor_died(0, "ActorDiedError: killed")
+    sync.step()
+    e0.status = 200  # its replacement, at the same URL, loads fresh weights
+    ledger.restart_requested(0)
+    ledger.replacement_loaded(0, e0.base_url)
+    ledger.refit_started(1)
+    ledger.refit_completed(1)
+    wait_until(lambda: bool(sync.step()) and router.routed() == {e0.origin, e1.origin}, "e0")
+    held = sync.flush_outcomes()["vllm-router"]
+    assert held.get(0, WorkerCounts()).failures == 0
+    assert held[1].successes == 3
+    assert ledger.catch_up() is not None
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    sync.close()
+
+
+def _membership(serving: dict[str, int], shard_of: dict[str, int], turns: dict[str, int]):
+    return Membership(0, serving, shard_of, {}, None, turns)
+
+
+def test_outcomes_go_only_to_a_shard_that_served_at_the_url_all_window():
+    a = "http://h:1"
+    opened = _membership({a: 0}, {a: 0}, {})
+    assert credit(a, opened, _membership({a: 0}, {a: 0}, {}))[0] == 0
+    assert credit(a, opened, _membership({}, {a: 0}, {a: 1}))[0] == 0  # its death's evidence
+    came_back = credit(a, opened, _membership({a: 0}, {a: 0}, {a: 2}))
+    assert came_back == (None, "the URL left the serving set and came back within the window")
+    rejoined = credit(a, _membership({}, {a: 0}, {}), _membership({a: 0}, {a: 0}, {a: 1}))
+    assert rejoined == (None, "shard 0 was not serving at this URL when the window opened")
+    assert credit(a, opened, _membership({}, {}, {a: 1}))[0] is None  # no shard has it
+    assert credit(a, opened, _membership({a: 1}, {a: 1}, {a: 2}))[0] is None  # another's
+
+
+def test_two_shards_recorded_at_one_url_map_it_to_the_serving_one(sqlite_url):
+    first, second = "http://10.0.0.1:8000/v1", "http://10.0.0.1:8001/v1"
+    ledger = start_run(sqlite_url, [first, second])
+    ledger.actor_died(1, "gone")  # shard 1 dies; its port is freed
+    ledger.actor_died(0, "gone")
+    ledger.restart_requested(0)
+    ledger.replacement_loaded(0, second)  # shard 0's replacement takes that port
+    ledger.refit_started(1)
+    ledger.refit_completed(1)  # and serves there
+    with captured() as logged, EventLog.open(sqlite_url, mode="read") as log:
+        follower = MembershipFollower(log, RUN)
+        ledger.refit_started(2)
+        ledger.refit_completed(2)
+        follower.poll()  # folded again: said once all the same
+    url = "http://10.0.0.1:8001"
+    assert follower.membership.serving == {url: 0}
+    assert follower.membership.shard_of == {url: 0}
+    assert url not in follower.membership.not_serving
+    (shared,) = _said(logged, "several shards record one URL; its outcomes go to the one serving")
+    assert shared["shards"] == {0: "HEALTHY", 1: "DEAD"}
+
+
+def test_a_worker_listed_with_a_trailing_slash_is_replaced_by_the_shards_exact_url(
+    sqlite_url, make_engines, launch
+):
+    (engine,) = make_engines(1)
+    start_run(sqlite_url, [engine.base_url])
+    # SMG keeps "origin/" as a worker of its own and sends it requests at origin//v1/...
+    router = launch("smg", [engine.origin + "/"])
+    sync = new_sync(sqlite_url, router)
+    verdicts = {v.url: v.action for v in sync.step()["smg"]}
+    assert verdicts == {engine.origin + "/": Action.REMOVE, engine.origin: Action.ADD}
+    wait_until(lambda: router.routed() == {engine.origin}, "the shard's own URL routed")
+    assert all(router.complete(f"p{i}") == 200 for i in range(3))
+    assert engine.generations == 3
+    sync.close()
+
+
+def test_the_ledger_listeners_state_is_said_once_per_change(sqlite_url):
+    start_run(sqlite_url, ["http://127.0.0.1:9/v1"])
+    sync = RouterSync(sqlite_url, RUN, smg="http://127.0.0.1:9", settle_s=0)
+    down = "not listening (OperationalError: connection refused); polling"
+    with captured() as logged:
+        for state in ["listening", down, down, down, "listening"]:
+            sync._listening_is(state)  # as the listener calls it, once a second while down
+    sync.close()
+    said = [e["state"] for e in _said(logged, "router-sync ledger notifications")]
+    assert said == ["listening", down, "listening"]
+
+
 # ── the command ──────────────────────────────────────────────────────────────────────
 
 
@@ -636,7 +1179,28 @@ def test_the_command_drives_smg_serves_its_metrics_and_stops_on_sigterm(
         ([RUN, "--smg", "http://127.0.0.1:9"], f"run '{RUN}' ended at seq"),
         ([RUN], "give at least one of --smg URL or --vllm-router URL"),
         ([RUN, "--vllm-router", "ftp://h:1"], "the vllm-router URL 'ftp://h:1' is not an http(s)"),
-        ([RUN, "--smg", "http://h:1/v1"], "the smg URL 'http://h:1/v1' is not an http(s)"),
+        ([RUN, "--smg", "http://h:1/v1"], "the smg URL 'http://h:1/v1' has a path"),
+        ([RUN, "--smg", "http://127.0.0.1:abc"], "is not a URL (Port could not be cast"),
+        ([RUN, "--smg", "http://[::1"], "the smg URL 'http://[::1' is not a URL (Invalid IPv6"),
+        ([RUN, "--smg", "http://h:-1"], "the smg URL 'http://h:-1' is not a URL (Port"),
+        ([RUN, "--smg", "http://127.0.0.1:99999"], "is not a URL (Port out of range"),
+        ([RUN, "--smg", "http://h:0"], "has port 0"),
+        (
+            [RUN, "--smg", "http://127.0.0.1:9", "--smg-metrics", "http://127.0.0.1:abc"],
+            "the smg metrics URL 'http://127.0.0.1:abc' is not a URL",
+        ),
+        (
+            [
+                RUN,
+                "--smg",
+                "http://127.0.0.1:9",
+                "--metrics-port",
+                "0",
+                "--metrics-host",
+                "192.0.2.1",
+            ],
+            "cannot serve metrics on 192.0.2.1:0",
+        ),
     ],
 )
 def test_the_command_refuses_in_one_line(sqlite_url, make_engines, args, says):
@@ -710,7 +1274,8 @@ def test_reconciliation_reaches_the_serving_set_and_stays_there(serving, listed)
         actions, key=[Action.REMOVE, Action.ADD, Action.WAIT, Action.KEEP].index
     )
     # Carried out by a router that finishes what it was moving (a drain ends in removal,
-    # a pending add in a routed worker), it converges in three rounds and then holds.
+    # an add it is still making in a routed worker), it converges in three rounds and
+    # then holds.
     state = dict(listed)
     for _ in range(3):
         for v in reconcile(serving, state):
@@ -719,12 +1284,24 @@ def test_reconciliation_reaches_the_serving_set_and_stays_there(serving, listed)
             elif v.action is Action.ADD:
                 state[v.url] = Presence.ROUTED
         state = {
-            u: Presence.ROUTED if p is Presence.MOVING else p
+            u: Presence.ROUTED if p is Presence.ADDING else p
             for u, p in state.items()
-            if not (p is Presence.MOVING and u not in serving)
+            if p is not Presence.DRAINING
         }
     assert state == dict.fromkeys(serving, Presence.ROUTED)
     assert {v.action for v in reconcile(serving, state)} <= {Action.KEEP}
+
+
+@given(st.booleans(), st.sampled_from([None, *Presence]), st.sampled_from(list(AddState)))
+def test_a_leave_is_out_only_when_nothing_can_route_to_it_again(serving_again, listed, add):
+    settled, why = settle_leave(serving_again, listed, add)
+    assert why
+    if serving_again:
+        assert settled is Settlement.FORGOTTEN
+    elif add is not AddState.NONE or listed in (Presence.ROUTED, Presence.ADDING, Presence.EJECTED):
+        assert settled is Settlement.WAITING  # an add that may land, or a worker routed
+    else:
+        assert settled is Settlement.CONFIRMED
 
 
 @given(st.lists(st.dictionaries(st.sampled_from([("a", "ok"), ("b", "ok")]), st.integers(0, 50))))

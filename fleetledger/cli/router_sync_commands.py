@@ -61,6 +61,13 @@ def router_sync(
         int | None,
         typer.Option("--metrics-port", help="Serve the sync's /metrics on this port (0: free)."),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host",
+            help="Address to serve the sync's /metrics on (0.0.0.0: every interface).",
+        ),
+    ] = "127.0.0.1",
     name: Annotated[
         str | None,
         typer.Option(help="Adapter name its windows carry (default: smg / vllm-router)."),
@@ -72,7 +79,9 @@ def router_sync(
     Removes a worker the moment the ledger records its shard leaving the serving set,
     adds a shard's URL when it serves (a restarted one after the refit that re-admits
     it), repopulates a restarted router, and hands the routers' per-worker outcomes to
-    the ledger. Runs until SIGTERM or SIGINT (or the run ends), exit 0.
+    the ledger. Runs until SIGTERM or SIGINT (or the run ends), exit 0; stopping takes
+    up to 10 s more while an add the router cannot cancel is still pending for a shard
+    the ledger has out.
     """
     if smg is None and vllm_router is None:
         raise CommandLineError("router-sync: give at least one of --smg URL or --vllm-router URL")
@@ -90,6 +99,7 @@ def router_sync(
         poll_s=poll_s,
         window_s=window_s,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
     )
     stop = threading.Event()
 

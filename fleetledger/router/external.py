@@ -6,38 +6,53 @@ checked against the real binaries (SMG 1.13, vllm-router 0.1.17):
 
 - **A worker is the engine's origin**, ``http://host:port`` without ``/v1``: both
   routers probe ``URL + /health`` and append the client's ``/v1/...`` path, so a base
-  URL with ``/v1`` is refused (vllm-router times out probing ``/v1/health``). URLs are
-  compared without a trailing slash.
+  URL with ``/v1`` is refused (vllm-router times out probing ``/v1/health``). Listed
+  URLs are compared **exactly**: SMG keeps ``http://h:p/`` and ``http://h:p`` as two
+  workers and sends the first one's requests to ``http://h:p//v1/...`` (404 to every
+  request, which it counts as successes), so a listed URL that is not exactly a
+  serving shard's origin is not that shard.
 - **SMG** (``smg launch``): ``GET /workers`` lists ``{id, url, status, is_healthy}``;
-  ``POST /workers`` with ``{"url": ...}`` answers 202 and adds in the background after
-  probing ``/health`` (even with ``--disable-health-check``; a worker failing it is
-  probed again every ``--worker-startup-check-interval`` s, 30 by default, and is not
-  listed meanwhile); 409 means it is listed already or its add is under way.
+  ``POST /workers`` with ``{"url": ...}`` answers 202 with the new worker's id and adds
+  in the background after probing ``/health`` (even with ``--disable-health-check``; a
+  worker failing it is probed again every ``--worker-startup-check-interval`` s, 30 by
+  default, up to ``--worker-startup-timeout-secs``, 1800 by default, and is not listed
+  meanwhile). Such a pending add cannot be cancelled (a ``DELETE`` of its id fails in
+  the background, and the add still lands): ``GET /workers/{id}`` says ``pending``
+  until it lands (``ready``) or is given up (404). 409 means the URL is listed already
+  or its add is under way (``WORKER_CREATE_IN_PROGRESS``, naming the id).
   ``DELETE /workers/{id}`` answers 202; the worker is listed ``draining`` at once
-  (no new request reaches it) and gone 5 s later. A pending add cannot be cancelled.
-  Its own health checks (when on) list a failing worker ``failed``, unhealthy.
+  (no new request reaches it) and gone 5 s later. Its own health checks (when on) list
+  a failing worker ``failed``, unhealthy.
 - **vllm-router**: ``GET /list_workers`` is ``{"urls": [...]}``; ``POST
   /add_worker?url=`` blocks until the worker answers ``/health`` (up to
   ``--worker-startup-timeout-secs``, 600 by default, re-probing every
   ``--worker-startup-check-interval``, 30 by default) and is abandoned if the caller
-  hangs up; ``POST /remove_worker?url=`` answers 200 (also for a URL it never had).
-  Its health checker cannot be switched off (an interval of 0 panics it): a worker
-  failing it stays listed and is skipped, which only its metrics show
-  (``vllm_router_worker_health{worker} 0``), so the listing reads them when it has
-  the metrics URL.
+  hangs up (:class:`Hangup`); ``POST /remove_worker?url=`` answers 200 (also for a URL
+  it never had). Its health checker cannot be switched off (an interval of 0 panics
+  it): a worker failing it stays listed and is skipped, which only its metrics show
+  (``vllm_router_worker_health{worker} 0``, read by :meth:`Registry.ejected`).
 - Both count every dispatched request's outcome per worker URL on their Prometheus
   port, also with the circuit breaker off: ``smg_worker_cb_outcomes_total`` /
   ``vllm_router_cb_outcomes_total`` ``{worker, outcome="success"|"failure"}``
   (observed: 2xx and 4xx are successes; 5xx and connection errors failures).
-- Every call has a short bounded timeout (an add to vllm-router a longer one, it
-  waits for the engine) and fails as :class:`ExternalRouterError`, one line naming
-  the router, the call and what came back.
+- Every call has **one deadline for the whole exchange** (connecting, sending, every
+  read of the answer; an add to vllm-router a longer one, it waits for the engine)
+  and fails as :class:`ExternalRouterError`, one line naming the router, the call and
+  what came back. A per-read timeout is not enough: a router that trickles one byte a
+  second would hold a call forever. Resolving a host name is the one step left to the
+  system's resolver and its own timeouts.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
 import json
+import math
+import re
+import socket
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -49,9 +64,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetledger.errors import FleetledgerError
 
 __all__ = [
+    "ADD_TIMEOUT_S",
+    "CALL_TIMEOUT_S",
     "OUTCOME_SAMPLES",
     "REGISTRIES",
+    "AddAnswer",
     "ExternalRouterError",
+    "Hangup",
     "ListedWorker",
     "Presence",
     "Registry",
@@ -60,10 +79,9 @@ __all__ = [
     "counter_samples",
     "fetch_metrics",
     "http_origin",
-    "worker_url",
 ]
 
-CALL_TIMEOUT_S = 2.0  # list, remove, metrics: the router answers these at once
+CALL_TIMEOUT_S = 2.0  # list, remove, metrics, an add's state: the router answers at once
 ADD_TIMEOUT_S = 30.0  # vllm-router holds an add until the engine answers /health
 MAX_BODY = 16 * 1024 * 1024  # a listing or a metrics page; anything larger is refused
 
@@ -77,8 +95,10 @@ class Presence(StrEnum):
 
     ROUTED = "routed"
     """Listed and taking new requests."""
-    MOVING = "moving"
-    """Being added or drained by the router itself: no new request; wait for it."""
+    ADDING = "adding"
+    """Listed while the router is still adding it: no request yet, but soon."""
+    DRAINING = "draining"
+    """Being removed by the router: no new request reaches it; gone soon."""
     EJECTED = "ejected"
     """Listed, but the router stopped routing to it on its own (its health checks)."""
 
@@ -93,19 +113,73 @@ class ListedWorker:
     handle: str
 
 
+@dataclass(frozen=True, slots=True)
+class AddAnswer:
+    """What a router said to an add."""
+
+    said: str
+    """Its answer, in one line."""
+    accepted: bool
+    """It took a new add (a 2xx), as opposed to one it had listed or under way already."""
+    pending: str | None = None
+    """The router's handle on an add it completes later and cannot cancel (SMG: the
+    worker's id), None when there is none (listed already, or added before answering)."""
+
+
+class Hangup:
+    """Lets another thread end a call in progress: vllm-router abandons an add whose
+    caller hangs up, the only way to take back an add it is still waiting on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sock: _Bounded | None = None
+        self._hung = False
+
+    @property
+    def hung(self) -> bool:
+        return self._hung
+
+    def hang_up(self) -> None:
+        with self._lock:
+            self._hung = True
+            sock = self._sock
+        if sock is not None:
+            sock.shutdown()
+
+    def _attach(self, sock: _Bounded) -> bool:
+        with self._lock:
+            self._sock = None if self._hung else sock
+            return not self._hung
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._sock = None
+
+
 class Registry(Protocol):
     """What ``router-sync`` calls on an external router."""
 
     kind: str
     url: str
     metrics_url: str | None
+    abandons_on_hang_up: bool
+    """True when hanging up on an add in progress takes it back (vllm-router)."""
 
     def workers(self) -> dict[str, ListedWorker]:
         """Every listed worker by URL."""
         ...
 
-    def add(self, url: str) -> str:
-        """Ask for ``url`` to be added; returns what the router said, in one line."""
+    def ejected(self) -> frozenset[str]:
+        """Listed workers the router stopped routing to on its own, when only its
+        metrics say so (vllm-router); empty where the listing says it (SMG)."""
+        ...
+
+    def add(self, url: str, hangup: Hangup | None = None) -> AddAnswer:
+        """Ask for ``url`` to be added."""
+        ...
+
+    def add_pending(self, handle: str) -> bool:
+        """Is the add with this :attr:`AddAnswer.pending` handle still waiting to land?"""
         ...
 
     def remove(self, worker: ListedWorker) -> str:
@@ -113,23 +187,78 @@ class Registry(Protocol):
         ...
 
 
-def http_origin(url: str) -> str | None:
-    """``scheme://netloc`` of an HTTP(S) URL with no path beyond ``/``, else None: the
-    form a router's own address and its metrics address must take."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path.strip("/"):
-        return None
-    if parts.query or parts.fragment:
-        return None
+def http_origin(url: str) -> str:
+    """``scheme://netloc`` of an HTTP(S) URL with no path beyond ``/``: the form a
+    router's own address and its metrics address must take. Raises ``ValueError``
+    saying what is wrong with any other."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # reading it checks it: a number from 0 to 65535
+    except ValueError as exc:
+        raise ValueError(f"is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("is not an http(s) URL of the form http://host:port")
+    if not parts.hostname:
+        raise ValueError("names no host (the form is http://host:port)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("carries credentials, which router-sync does not send")
+    if port == 0:
+        raise ValueError("has port 0, which nothing listens on (the form is http://host:port)")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError("has a path, query or fragment (the form is http://host:port)")
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def worker_url(url: str) -> str:
-    """A worker URL as compared: no trailing slash."""
-    return url.rstrip("/")
-
-
 # ── HTTP ─────────────────────────────────────────────────────────────────────────────
+
+
+class _Bounded:
+    """A connected socket on which every send and read waits only for what is left of
+    one deadline (http.client's own timeout restarts at each read). Closed, like a
+    socket, once it and the answer's reader are both closed."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+        self._readers = 0
+        self._closed = False
+
+    def _arm(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no whole answer within the call's deadline")
+        self._sock.settimeout(left)
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer, nbytes, flags)
+
+    def makefile(self, mode: str = "rb", *_args: Any, **_kwargs: Any) -> io.BufferedReader:
+        self._readers += 1
+        return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
+
+    def _decref_socketios(self) -> None:  # SocketIO.close calls it, as on a socket
+        self._readers -= 1
+        if self._closed and self._readers <= 0:
+            self._sock.close()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def shutdown(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # a blocked read returns at once
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._closed = True
+        if self._readers <= 0:
+            self._sock.close()
 
 
 def _call(
@@ -140,23 +269,42 @@ def _call(
     *,
     body: Mapping[str, Any] | None = None,
     timeout_s: float = CALL_TIMEOUT_S,
+    hangup: Hangup | None = None,
 ) -> tuple[int, bytes]:
     """One request to ``base`` on a fresh connection (a restarted router is simply
-    reached again); a transport failure is an :class:`ExternalRouterError`."""
-    parts = urlsplit(base)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.netloc, timeout=timeout_s)
+    reached again), answered in full within ``timeout_s``; a transport failure, a
+    deadline passed or a hang-up is an :class:`ExternalRouterError`."""
+    deadline = time.monotonic() + timeout_s
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
+    conn: http.client.HTTPConnection | None = None
+    response: http.client.HTTPResponse | None = None
     try:
+        parts = urlsplit(base)
+        https = parts.scheme == "https"
+        cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+        conn = cls(parts.netloc, timeout=timeout_s)
+        conn.connect()
+        bounded = _Bounded(conn.sock, deadline)
+        conn.sock = bounded
+        if hangup is not None and not hangup._attach(bounded):
+            raise ConnectionAbortedError("hung up before it was sent")
         conn.request(method, path, body=data, headers=headers)
         response = conn.getresponse()
         payload = response.read(MAX_BODY + 1)
-    except (OSError, http.client.HTTPException) as exc:
-        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        if hangup is not None and hangup.hung:
+            why = "hung up by router-sync"
+        else:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         raise ExternalRouterError(f"{kind} at {base}: {method} {path} failed ({why})") from None
     finally:
-        conn.close()
+        if hangup is not None:
+            hangup._detach()
+        if response is not None:
+            response.close()
+        if conn is not None:
+            conn.close()
     if len(payload) > MAX_BODY:
         raise ExternalRouterError(f"{kind} at {base}: {method} {path} answered over {MAX_BODY} B")
     return response.status, payload
@@ -207,35 +355,44 @@ def fetch_metrics(kind: str, metrics_url: str) -> str:
 
 
 def counter_samples(
-    kind: str, metrics_url: str, text: str, sample: str
+    kind: str, metrics_url: str, text: str, sample: str, labels: tuple[str, ...]
 ) -> dict[tuple[str, ...], float]:
-    """Every sample named ``sample`` on the page, keyed by its labels' values in label
-    name order (``worker`` first where the router labels by worker)."""
+    """Every sample named ``sample`` on the page, keyed by the values of ``labels``.
+
+    A page is refused whole (:class:`ExternalRouterError`) when it does not parse, when
+    such a sample lacks one of ``labels``, or when its value is not a finite number: a
+    router that writes garbage is failing, and its numbers are not evidence.
+    """
     found: dict[tuple[str, ...], float] = {}
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name == sample:
-                    key = tuple(s.labels[name] for name in sorted(s.labels, key=_worker_first))
-                    found[key] = float(s.value)
+                if s.name != sample:
+                    continue
+                missing = [name for name in labels if name not in s.labels]
+                if missing:
+                    raise ValueError(f"a {sample} sample has no {', '.join(missing)} label")
+                value = float(s.value)
+                if not math.isfinite(value):
+                    raise ValueError(f"a {sample} sample is {value}")
+                found[tuple(s.labels[name] for name in labels)] = value
     except ValueError as exc:
         raise ExternalRouterError(
-            f"{kind} at {metrics_url}: /metrics is not a Prometheus page ({exc})"
+            f"{kind} at {metrics_url}: /metrics is not a usable Prometheus page ({exc})"
         ) from None
     return found
 
 
-def _worker_first(label: str) -> tuple[int, str]:
-    return (0 if label == "worker" else 1, label)
-
-
 # ── SMG ──────────────────────────────────────────────────────────────────────────────
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
 class SmgRegistry:
-    """SMG's worker registry (``GET/POST /workers``, ``DELETE /workers/{id}``)."""
+    """SMG's worker registry (``GET/POST /workers``, ``GET/DELETE /workers/{id}``)."""
 
     kind = "smg"
+    abandons_on_hang_up = False  # its add answers at once; the add itself is queued
 
     def __init__(self, url: str, metrics_url: str | None = None) -> None:
         self.url = url
@@ -253,15 +410,39 @@ class SmgRegistry:
         for row in rows:
             if not isinstance(row, dict) or not isinstance(row.get("url"), str):
                 continue
-            url = worker_url(row["url"])
+            url = row["url"]
             workers[url] = ListedWorker(url, _smg_presence(row), str(row.get("id", "")))
         return workers
 
-    def add(self, url: str) -> str:
-        status, payload = _call(self.kind, self.url, "POST", "/workers", body={"url": url})
-        if status in (200, 201, 202, 409):  # 409: listed already, or its add is under way
-            return _said(payload)
+    def ejected(self) -> frozenset[str]:
+        return frozenset()  # its listing says "failed"
+
+    def add(self, url: str, hangup: Hangup | None = None) -> AddAnswer:
+        status, payload = _call(
+            self.kind, self.url, "POST", "/workers", body={"url": url}, hangup=hangup
+        )
+        said = _said(payload)
+        if 200 <= status < 300:  # 202: queued; it lands once the engine answers /health
+            try:
+                answer = json.loads(payload)
+            except ValueError:
+                answer = None
+            worker_id = answer.get("worker_id") if isinstance(answer, dict) else None
+            return AddAnswer(said, True, worker_id if isinstance(worker_id, str) else None)
+        if status == 409:  # listed already, or its add is under way (the message names it)
+            under_way = _UUID.search(said) if b"IN_PROGRESS" in payload else None
+            return AddAnswer(said, False, under_way.group(0) if under_way else None)
         raise _refused(self.kind, self.url, f"POST /workers {url}", status, payload)
+
+    def add_pending(self, handle: str) -> bool:
+        path = f"/workers/{quote(handle, safe='')}"
+        status, payload = _call(self.kind, self.url, "GET", path)
+        if status == 404:  # given up (or landed and removed since)
+            return False
+        if status != 200:
+            raise _refused(self.kind, self.url, f"GET {path}", status, payload)
+        row = _json(self.kind, self.url, f"GET {path}", payload)
+        return isinstance(row, dict) and row.get("status") == "pending"
 
     def remove(self, worker: ListedWorker) -> str:
         path = f"/workers/{quote(worker.handle, safe='')}"
@@ -273,8 +454,10 @@ class SmgRegistry:
 
 def _smg_presence(row: Mapping[str, Any]) -> Presence:
     status = row.get("status")
-    if status in ("draining", "pending"):
-        return Presence.MOVING
+    if status == "draining":
+        return Presence.DRAINING
+    if status == "pending":
+        return Presence.ADDING
     if status == "ready" and row.get("is_healthy") is True:
         return Presence.ROUTED
     return Presence.EJECTED  # "failed": its health checks gave up on it
@@ -285,10 +468,11 @@ def _smg_presence(row: Mapping[str, Any]) -> Presence:
 
 class VllmRouterRegistry:
     """vllm-router's worker registry (``/list_workers``, ``/add_worker``,
-    ``/remove_worker``); with its metrics URL, a worker its health checker gave up on
-    is listed as ejected."""
+    ``/remove_worker``); with its metrics URL, the workers its health checker gave up
+    on."""
 
     kind = "vllm-router"
+    abandons_on_hang_up = True  # its add blocks until the engine answers /health
 
     def __init__(self, url: str, metrics_url: str | None = None) -> None:
         self.url = url
@@ -302,28 +486,30 @@ class VllmRouterRegistry:
         urls = listed.get("urls") if isinstance(listed, dict) else None
         if not isinstance(urls, list):
             raise ExternalRouterError(f"vllm-router at {self.url}: /list_workers has no urls")
-        unhealthy = self._unhealthy()
-        workers = {}
-        for raw in urls:
-            if isinstance(raw, str):
-                url = worker_url(raw)
-                presence = Presence.EJECTED if url in unhealthy else Presence.ROUTED
-                workers[url] = ListedWorker(url, presence, raw)
-        return workers
+        return {u: ListedWorker(u, Presence.ROUTED, u) for u in urls if isinstance(u, str)}
 
-    def _unhealthy(self) -> frozenset[str]:
+    def ejected(self) -> frozenset[str]:
         if self.metrics_url is None:
             return frozenset()
         text = fetch_metrics(self.kind, self.metrics_url)
-        samples = counter_samples(self.kind, self.metrics_url, text, _VLLM_ROUTER_HEALTH)
-        return frozenset(worker_url(key[0]) for key, value in samples.items() if value == 0)
+        health = counter_samples(
+            self.kind, self.metrics_url, text, _VLLM_ROUTER_HEALTH, ("worker",)
+        )
+        return frozenset(key[0] for key, value in health.items() if value == 0)
 
-    def add(self, url: str) -> str:
+    def add(self, url: str, hangup: Hangup | None = None) -> AddAnswer:
         path = f"/add_worker?url={quote(url, safe='')}"
-        status, payload = _call(self.kind, self.url, "POST", path, timeout_s=ADD_TIMEOUT_S)
-        if status == 200 or (status == 400 and b"already exists" in payload):
-            return _said(payload)
+        status, payload = _call(
+            self.kind, self.url, "POST", path, timeout_s=ADD_TIMEOUT_S, hangup=hangup
+        )
+        if status == 200:
+            return AddAnswer(_said(payload), True)
+        if status == 400 and b"already exists" in payload:
+            return AddAnswer(_said(payload), False)
         raise _refused(self.kind, self.url, f"POST {path}", status, payload)
+
+    def add_pending(self, handle: str) -> bool:
+        return False  # an add is done when its call returns
 
     def remove(self, worker: ListedWorker) -> str:
         path = f"/remove_worker?url={quote(worker.handle, safe='')}"

@@ -3,7 +3,9 @@ or the controller's metrics in one process never clash), optionally served on a 
 
 The lag is what the sync exists for: from the recorded time of the ledger event that
 took a URL out of the serving set (a death, a condemnation, partial weights) to the
-moment the external router's listing confirmed it takes no new request. The event's
+moment the external router's listing confirmed it takes no new request *and* the
+router holds no add of it that could still land (an SMG add pending when the shard
+left keeps the lag running until it lands and is removed, or is given up). The event's
 time is the recorder's wall clock, so across hosts the figure includes their skew; a
 negative one is counted as zero.
 """
@@ -28,14 +30,16 @@ class SyncMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.lag = Histogram(
             "fleetledger_router_sync_lag_seconds",
-            "From a leaving event's recorded time to the router's confirmed removal.",
+            "From a leaving event's recorded time to the router's confirmed removal "
+            "(listed as taking no new request, with no add of it pending).",
             ["router"],
             buckets=_LAG_BUCKETS,
             registry=self.registry,
         )
         self.changes = Counter(
             "fleetledger_router_sync_changes",
-            "Adds and removals an external router accepted (a 409 already-there included).",
+            "Adds and removals an external router accepted (2xx answers; a 409, listed "
+            "already or an add under way, is not one).",
             ["router", "action"],
             registry=self.registry,
         )

@@ -14,12 +14,26 @@ Rules, and why:
 - **A counter that went down, or a series that appeared, restarted from zero** (the
   router restarted, or removed the worker and added it again — SMG drops a removed
   worker's series): its growth is its value. What it counted between the last scrape
-  and its reset is lost, and only that.
-- **A URL that no shard has now is dropped**, said once per URL: an engine replaced
-  while the window was open says nothing about its replacement.
+  and its reset is lost; and a reset is seen only while the counter is below its old
+  value: one that has counted back past it by the next scrape reads as plain growth,
+  so that window undercounts by the old value.
+- **Counts go to the shard that served at the URL for the whole window**, by
+  ``sync_rule.credit``: a window's counts for a URL go to a shard only if it was serving at
+  the URL when the window opened, still has the URL now, and the URL did not leave the
+  serving set and come back within the window; otherwise they are dropped, said once
+  per URL and reason. vllm-router keeps a URL's counters
+  across a removal and a re-add, so the failures a dead engine drew would otherwise
+  be handed over after its restarted successor at the same URL was re-admitted, and
+  condemn it — the ledger ignores a DEAD or STALE shard's reports, and the window
+  must not wait until it is neither. Counts for a URL that left once (its shard
+  died) still go to that shard, as evidence: by the time they are appended the
+  ledger has it out and ignores them. What a re-admitted shard's URL counts in the
+  window it came back in is dropped, up to ``window_s`` of it.
 - A failure is infrastructure (reason ``<router>_failure``): both routers count 5xx
   and connection errors as failures and 4xx as successes, so a prompt's 400 is a
   success here — the same counts the router's own circuit breaker would act on.
+- A series growing by more than ``MAX_GROWTH`` in one window is not believed (no
+  worker serves that much), and dropped, said once.
 """
 
 from __future__ import annotations
@@ -36,10 +50,21 @@ from fleetledger.router.external import (
     Registry,
     counter_samples,
     fetch_metrics,
-    worker_url,
 )
+from fleetledger.router.sync_membership import Membership
+from fleetledger.router.sync_rule import credit
 
-__all__ = ["CounterDeltas", "OutcomeScraper", "RouterCountedFailure", "WorkerCounts"]
+__all__ = [
+    "MAX_GROWTH",
+    "CounterDeltas",
+    "OutcomeScraper",
+    "RouterCountedFailure",
+    "WorkerCounts",
+]
+
+# Requests one worker can be counted for in one window, and believed: far above any
+# engine's rate, low enough that handing a garbage jump over one by one cannot stall.
+MAX_GROWTH = 1_000_000
 
 _log = structlog.get_logger("fleetledger.router_sync")
 
@@ -86,20 +111,29 @@ class OutcomeScraper:
         self.metrics_url: str = registry.metrics_url
         self.reporter = reporter
         self._deltas = CounterDeltas()
-        self._dropped: set[str] = set()
+        self._opened: Membership | None = None  # the membership at the last scrape
+        self._dropped: set[tuple[str, str]] = set()
 
-    def scrape(self, shard_of: Mapping[str, int]) -> dict[int, WorkerCounts]:
-        """Scrape once and count the growth into the reporter's window; returns it per
-        shard. ``shard_of``: worker URL → the shard whose base URL it is now."""
+    def scrape(self, membership: Membership) -> dict[int, WorkerCounts]:
+        """Scrape once and count the growth since the last scrape into the reporter's
+        window, credited by :func:`credit`; returns it per shard. ``membership``: the
+        run as it is now (the window closes under it, and the next one opens)."""
         kind = self.registry.kind
         text = fetch_metrics(kind, self.metrics_url)
-        values = counter_samples(kind, self.metrics_url, text, OUTCOME_SAMPLES[kind])
+        values = counter_samples(
+            kind, self.metrics_url, text, OUTCOME_SAMPLES[kind], ("worker", "outcome")
+        )
+        grown = self._deltas.take(values)
+        opened, self._opened = self._opened, membership
+        if opened is None:
+            return {}
         per_shard: dict[int, WorkerCounts] = {}
-        for (worker, outcome, *_), count in sorted(self._deltas.take(values).items()):
-            url = worker_url(worker)
-            shard = shard_of.get(url)
+        for (url, outcome), count in sorted(grown.items()):
+            shard, why = credit(url, opened, membership)
+            if count > MAX_GROWTH:
+                shard, why = None, f"grew by {count} in one window, more than any worker serves"
             if shard is None:
-                self._drop(url, count)
+                self._drop(url, count, why)
                 continue
             counts = per_shard.get(shard, WorkerCounts())
             if outcome == "success":
@@ -115,15 +149,16 @@ class OutcomeScraper:
             per_shard[shard] = counts
         return per_shard
 
-    def _drop(self, url: str, count: int) -> None:
-        if url not in self._dropped:
-            self._dropped.add(url)
+    def _drop(self, url: str, count: int, why: str) -> None:
+        if (url, why) not in self._dropped:
+            self._dropped.add((url, why))
             _log.info(
-                "router outcomes dropped: no shard of the run has this URL now",
+                "router outcomes dropped",
                 run=self.reporter.run,
                 router=self.registry.kind,
                 worker=url,
                 outcomes=count,
+                reason=why,
             )
 
 
