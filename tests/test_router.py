@@ -913,6 +913,36 @@ def test_router_workers_share_one_port_and_each_reports_under_its_own_name(
     assert 1 <= sum(by_adapter.values()) <= 41
 
 
+def test_router_workers_serve_a_run_with_a_shard_that_is_not_http(sqlite_url, engines, tmp_path):
+    # A worker logs "shard skipped" before it listens: the line goes to stderr, never
+    # where the supervisor waits for the worker's answer (it once took that line for a
+    # refusal), and a worker's logs never fill a pipe nobody reads.
+    start_run(sqlite_url, ["ray://shard-0", engines[1].base_url])
+    env = _cli_env() | {"FLEETLEDGER_LOG": "info"}
+    proc = subprocess.Popen(
+        [FLEETLEDGER, "router", RUN, "--db", sqlite_url, "--workers", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        for i in range(3):
+            answer = httpx.post(url + "/completions", json={"model": "tiny", "prompt": f"{i}"})
+            assert answer.headers["x-fleetledger-shard"] == "1"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out == ""  # the URL line was the command's only output
+    assert err.count("shard skipped: its base URL is not HTTP(S)") == 2  # one per worker
+
+
 @pytest.mark.parametrize("problem", ["unknown run", "taken port"])
 def test_router_workers_refuse_in_one_line_and_leave_no_process(
     sqlite_url, engines, serve, problem
