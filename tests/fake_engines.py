@@ -1,10 +1,16 @@
-"""What the router tests' fake engines share: an event loop in a thread for servers the
-synchronous tests talk to, and an aiohttp app served on a free port of 127.0.0.1."""
+"""What the router tests share: an event loop in a thread for servers the synchronous
+tests talk to, an aiohttp app served on a free port of 127.0.0.1, waiting for a
+condition, and one HTTP call."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -50,3 +56,26 @@ class ServedApp:
 
     def stop(self) -> None:
         self.loop.run(self.runner.cleanup())
+
+
+def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
+    """Wait for ``condition``; bounded only so a broken part fails instead of hanging."""
+    deadline = time.monotonic() + bound_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def call(
+    method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30
+) -> tuple[int, bytes]:
+    """One HTTP request with a JSON body (or none): (status, body), error statuses too."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

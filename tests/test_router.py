@@ -20,9 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +43,7 @@ from fleetledger.projections.shard_states import ShardState
 from fleetledger.router.app import Router, RouterError, reserve_port
 from fleetledger.router.routing_table import Backend, RoutingTable, origin_of
 from fleetledger.store.log import EventLog
-from tests.fake_engines import Loop, ServedApp
+from tests.fake_engines import Loop, ServedApp, call, wait_until
 
 RUN = "run-router"
 
@@ -250,25 +247,6 @@ def serve() -> Iterator[Callable[..., Running]]:
     for running in started:
         if running.thread.is_alive():
             running.stop()
-
-
-def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 20.0) -> None:
-    deadline = time.monotonic() + bound_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.02)
-
-
-def call(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def windows(url: str, run: str = RUN) -> list[OutcomeWindowReported]:

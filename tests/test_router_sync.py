@@ -26,8 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,7 +57,7 @@ from fleetledger.router.sync_rule import (
     settle_leave,
 )
 from fleetledger.store.log import EventLog
-from tests.fake_engines import Loop, ServedApp
+from tests.fake_engines import Loop, ServedApp, call, wait_until
 
 RUN = "run-sync"
 BIN = Path(sys.executable).parent
@@ -329,27 +327,6 @@ def serve() -> Iterator[Callable[[RouterSync], Served]]:
     for served in started:
         if served.thread.is_alive():
             served.stop()
-
-
-def wait_until(condition: Callable[[], bool], what: str, bound_s: float = 30.0) -> None:
-    deadline = time.monotonic() + bound_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
-
-
-def call(
-    method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 30
-) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def windows(url: str, run: str = RUN) -> list[OutcomeWindowReported]:
