@@ -13,9 +13,11 @@ broken router fails instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -370,3 +372,100 @@ def test_requests_piled_up_by_a_client_that_never_reads_stop_being_read(sqlite_u
     # What was taken in is the queue bound's worth plus the sockets' buffers, not the
     # 64 MiB a router that kept reading would have parsed and queued.
     assert sent < 16 * 1024 * 1024, sent
+
+
+# ── faults at random moments ─────────────────────────────────────────────────
+
+TRIALS = 16
+
+
+def _answer_bytes(chunked: bool) -> bytes:
+    body = b'{"text": "' + b"x" * 60_000 + b'"}'
+    if not chunked:
+        return json_answer(body)
+    pieces = [body[i : i + 7000] for i in range(0, len(body), 7000)]
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    return head + b"\r\n" + framed
+
+
+def test_a_backend_cut_at_any_byte_never_hands_the_client_a_whole_looking_answer(
+    sqlite_url, backend, serve
+):
+    """The backend closes its connection after a random number of its answer's bytes
+    (head and body, both framings), one fresh run per trial: the client gets the whole
+    answer and the shard a success, or an error (a 500 before the head, a cut after it)
+    and the shard a failure — never a truncated body that reads as complete."""
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}, {TRIALS} trials")
+    draw = random.Random(seed)
+    for trial in range(TRIALS):
+        chunked = trial % 2 == 1
+        whole = _answer_bytes(chunked)
+        cut = draw.choice([len(whole), draw.randrange(len(whole))])
+
+        async def answer(raw: RawBackend, reader, writer, cut: int = cut, whole: bytes = whole):
+            await raw.request(reader)
+            writer.write(whole[:cut])
+            await writer.drain()
+            writer.close()
+
+        raw = backend(answer)
+        run = f"cut-{trial}"
+        start_run(sqlite_url, [raw.base_url], run=run)
+        running = serve(sqlite_url, run=run, window_s=3600)
+        try:
+            got = httpx.get(running.router.url + "/models", timeout=30)
+            delivered = got.status_code == 200
+            if delivered:
+                assert got.content == whole.split(b"\r\n\r\n", 1)[1] or chunked
+                assert len(got.json()["text"]) == 60_000  # whole, or it would not parse
+            else:
+                assert got.status_code == 500 and cut < whole.index(b"\r\n\r\n") + 4, cut
+        except httpx.HTTPError:
+            delivered = False
+            assert cut < len(whole), f"seed {seed} trial {trial}: a whole answer cut"
+        wait_until(lambda r=running: not r.router.in_flight(0), "the request to be let go")
+        running.stop()
+        ok, failures = reported(sqlite_url, run).get(0, (0, Counter()))
+        assert (ok, sum(failures.values())) == ((1, 0) if delivered else (0, 1)), (
+            f"seed {seed} trial {trial}: cut at {cut} of {len(whole)}"
+        )
+        assert delivered == (cut == len(whole)), f"seed {seed} trial {trial}: cut {cut}"
+
+
+def test_a_client_leaving_at_any_byte_is_no_failure_and_leaves_the_pool_sound(
+    sqlite_url, backend, serve
+):
+    """The client closes after reading a random number of bytes of a large answer; then
+    a whole request follows. No failure is ever charged to the shard, every request is
+    let go, and the next answer is whole (no connection handed on half-read)."""
+    whole = _answer_bytes(chunked=False)
+
+    async def answer(raw: RawBackend, reader, writer) -> None:
+        while True:
+            await raw.request(reader)
+            writer.write(whole)
+            await writer.drain()
+
+    raw = backend(answer)
+    running = routed(sqlite_url, serve, raw)
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}, {TRIALS} trials")
+    draw = random.Random(seed)
+    for _ in range(TRIALS):
+        leave_after = draw.randrange(len(whole))
+        with socket.create_connection(("127.0.0.1", port_of(running)), timeout=30) as sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n")
+            got = 0
+            while got < leave_after:
+                chunk = sock.recv(min(65536, leave_after - got))
+                if not chunk:
+                    break
+                got += len(chunk)
+        wait_until(lambda: not running.router.in_flight(0), "the request to be let go")
+        after = httpx.get(running.router.url + "/models", timeout=30)
+        assert after.status_code == 200 and len(after.json()["text"]) == 60_000, f"seed {seed}"
+    ok, failures = outcomes_after_stop(sqlite_url, running)[0]
+    assert sum(failures.values()) == 0, f"seed {seed}: {failures}"
+    assert TRIALS <= ok <= 2 * TRIALS  # every follow-up, and any leaver answered in full
