@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             trials.append(json.loads(line))
             faults = ", ".join(
                 f"{i.fault.kind} shard {i.fault.shard} {i.fault.phase}@{i.fault.step}"
+                + (f" {i.fault.pause_s:.2f}s, held {i.held_s:.2f}s" if i.held_s is not None else "")
                 + (f" (skipped: {i.skipped})" if i.skipped else "")
                 for i in outcome.injections
             )

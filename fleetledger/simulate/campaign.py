@@ -59,13 +59,16 @@ __all__ = [
 @dataclass
 class Injection:
     """What the campaign did: the fault, when (µs since the epoch), to which process and
-    incarnation; ``skipped``: why it was not injected (its phase never came)."""
+    incarnation; ``skipped``: why it was not injected (its phase never came). A pause
+    also says how long the process was really held (``held_s``: SIGSTOP to SIGCONT, as
+    measured around the two signals), which the oracle holds against the plan."""
 
     fault: Fault
     at_us: int = 0
     pid: int | None = None
     incarnation: int | None = None
     skipped: str = ""
+    held_s: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +77,7 @@ class Injection:
             "pid": self.pid,
             "incarnation": self.incarnation,
             "skipped": self.skipped,
+            "held_s": self.held_s,
         }
 
 
@@ -148,8 +152,55 @@ def _step_of(version: int) -> int:
     return version  # the refit of step N pushes weight version N
 
 
+class _PidWatcher:
+    """Every process the trial's fleet ever had, collected on a thread of its own: none
+    may outlive the trial.
+
+    Apart from the driver because asking a vLLM engine's actor for its pids is a Ray call
+    that a stopped actor never answers (bounded at 2 s each). Story: the driver used to
+    collect pids between its waits, the sleep of a pause included, so a pause planned at
+    0.38 s held the engine 2.6-3.0 s — past the condemnation bound — and the campaign
+    reported the condemnations it had caused as false deaths of the controller.
+    """
+
+    def __init__(self, follower: _Follower, settings: TrialSettings) -> None:
+        self.follower = follower
+        self.settings = settings
+        self.seen: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, pid: int) -> None:
+        with self._lock:
+            self.seen.add(pid)
+
+    def pids(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(sorted(self.seen))
+
+    def run(self, done: threading.Event) -> None:
+        vllm = self.settings.engine == "vllm"
+        every = 0.5 if vllm else POLL_S  # an actor call per shard is dear: twice a second
+        whats = ("pid", "engine_pid") if vllm else ("pid",)
+        while not done.is_set():
+            self.collect(whats)
+            done.wait(every)
+        self.collect(whats)  # the last fleet's, as the trial ends
+
+    def collect(self, whats: tuple[str, ...]) -> None:
+        for shard in range(self.settings.shards):
+            for what in whats:
+                pid = self.follower.pid(shard, what)
+                if pid is not None:
+                    self.add(pid)
+
+
 class _Driver:
-    """Waits for each fault's phase, then injects it: one thread per trial."""
+    """Waits for each fault's phase, then injects it: one thread per trial.
+
+    The driver itself never calls an actor while it holds a shard stopped: the length of
+    a pause is the plan's, measured (``Injection.held_s``), not whatever a blocked call
+    adds to it.
+    """
 
     def __init__(
         self,
@@ -166,11 +217,14 @@ class _Driver:
         self.controller_pid = controller_pid
         self.injections = [Injection(f) for f in plan.faults]
         self.frozen: list[int] = []
-        self.pids_seen: set[int] = set()
+        self.pid_watcher = _PidWatcher(follower, settings)
         self.error: BaseException | None = None
-        self._next_pid_poll = 0.0
 
     def run(self) -> None:
+        watcher = threading.Thread(
+            target=self.pid_watcher.run, args=(self.done,), name="chaos-pids", daemon=True
+        )
+        watcher.start()
         try:
             previous: Fault | None = None
             for injection in self.injections:
@@ -186,13 +240,18 @@ class _Driver:
                     continue
                 self._sleep(fault.delay_s)
                 self._inject(injection)
-            while not self.done.is_set():  # keep every pid the trial ever had
+            while not self.done.is_set():  # the ledger followed to the end
                 self._poll()
                 self.done.wait(0.05)
         except BaseException as exc:  # reported as the trial's own error
             self.error = exc
         finally:
             self.thaw()
+            watcher.join(10)
+
+    @property
+    def pids_seen(self) -> tuple[int, ...]:
+        return self.pid_watcher.pids()
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -201,15 +260,7 @@ class _Driver:
             time.sleep(min(left, POLL_S))
 
     def _poll(self) -> list[RecordedEvent]:
-        if self.settings.engine == "sim" or time.monotonic() >= self._next_pid_poll:
-            # Every process the trial's fleet ever had: none may outlive the trial. An
-            # actor call per shard is dear: a vLLM fleet's are read twice a second.
-            self._next_pid_poll = time.monotonic() + 0.5
-            for shard in range(self.settings.shards):
-                for what in ("pid", "engine_pid") if self.settings.engine == "vllm" else ("pid",):
-                    pid = self.follower.pid(shard, what)
-                    if pid is not None:
-                        self.pids_seen.add(pid)
+        """The ledger's new events: a read of the ledger, never a call to an actor."""
         return self.follower.poll()
 
     def _ended(self) -> bool:
@@ -328,6 +379,7 @@ class _Driver:
             injection.skipped = "no process to signal"
             return
         injection.pid = pid
+        self.pid_watcher.add(pid)
         injection.at_us = time.time_ns() // 1000
         try:
             if fault.kind in ("kill", "kill_engine", "kill_replacement", "kill_controller"):
@@ -337,9 +389,11 @@ class _Driver:
                 self.frozen.append(pid)
             else:  # pause: thawed before it could be condemned
                 os.kill(pid, signal.SIGSTOP)
+                stopped = time.monotonic()
                 self.frozen.append(pid)
                 self._sleep(fault.pause_s)
                 os.kill(pid, signal.SIGCONT)
+                injection.held_s = time.monotonic() - stopped
                 self.frozen.remove(pid)
         except ProcessLookupError:
             injection.skipped = f"process {pid} was already gone"
@@ -369,6 +423,7 @@ class TrialOutcome:
     expected_prompts: tuple[str, ...] = ()
     pids_seen: tuple[int, ...] = ()
     elapsed_s: float = 0.0
+    condemnation_s: float = 0.0  # the settings' bound a pause must stay under
 
 
 def _expected_prompts(settings: TrialSettings) -> tuple[str, ...]:
@@ -427,7 +482,8 @@ def run_trial(
     if driver.error is not None:
         outcome.outcome, outcome.cause = "error", f"the fault driver failed: {driver.error!r}"
     outcome.expected_prompts = _expected_prompts(settings)
-    outcome.pids_seen = tuple(sorted(driver.pids_seen))
+    outcome.pids_seen = driver.pids_seen
+    outcome.condemnation_s = settings.condemnation_s
     outcome.elapsed_s = time.monotonic() - started
     return outcome
 

@@ -7,6 +7,9 @@ What must hold whatever moment a fault chose:
   its reported streak, or condemnation as the silent participant of a refit), a
   replacement killed while it loads by the failed restart. No untouched shard is ever
   condemned; a pause shorter than the condemnation bound condemns nothing;
+- a pause was held as planned: one the campaign held past the condemnation bound
+  (measured between its two signals) is the campaign's own failure, said as such — the
+  controller is right to condemn it, and the trial proves nothing of pauses;
 - a kill is recorded (the shard's incarnation does reach DEAD);
 - the run completes (a trial's fleet never falls below ``min_healthy_shards``: at most
   two of three shards are hit, and dead shards are restarted), every prompt committed
@@ -79,6 +82,13 @@ def judge(
         verdict.hung = True
         verdict.problems.append(f"hung: {outcome.cause}")
     injected = [i for i in outcome.injections if not i.skipped]
+    overran = [i for i in injected if _overran(i, outcome.condemnation_s)]
+    for injection in overran:
+        verdict.problems.append(
+            f"injector overran: shard {injection.fault.shard}'s pause was held "
+            f"{injection.held_s:.2f}s (planned {injection.fault.pause_s:.2f}s), past the "
+            f"condemnation bound {outcome.condemnation_s:g}s: the trial judges no pause"
+        )
     view = None
     # shard, incarnation, input, seq, at, and whether a refit was in flight at the death
     deaths: list[tuple[int, int, Input, int, int, bool]] = []
@@ -105,6 +115,8 @@ def judge(
                 f"by {rule.value}, and no fault hit it"
             )
             continue
+        if any(cause is i for i in overran) and rule in _DEATH_RULES["freeze"]:
+            continue  # a pause held past the bound is a freeze: said above, no false death
         if rule not in _DEATH_RULES[cause.fault.kind]:
             verdict.false_deaths += 1
             verdict.problems.append(
@@ -149,6 +161,11 @@ def judge(
     if left_running:
         verdict.problems.append(f"processes left running: {sorted(left_running)}")
     return verdict
+
+
+def _overran(injection: Injection, bound_s: float) -> bool:
+    held = injection.held_s
+    return injection.fault.kind == "pause" and held is not None and 0 < bound_s <= held
 
 
 def _cause(
