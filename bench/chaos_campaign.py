@@ -7,10 +7,14 @@ moments, judged by the oracle; one line per trial and a summary.
     python bench/chaos_campaign.py --replay 123456789            # one trial again
     python bench/chaos_campaign.py --engine vllm --trials 20     # real vLLM engines
     python bench/chaos_campaign.py --only kill@refit_start --trials 20   # one story
+    python bench/chaos_campaign.py --engine vllm --stratified 3 --seed 34   # every cell 3x
 
 Each trial's scenario (fault kinds, shards, phase, step, delays) is drawn from its own
 seed (printed on its line), so any trial replays alone; ``--seed`` draws the sequence of
-trial seeds and ``--skip N`` starts it at its N+1-th (a campaign run in parts). The
+trial seeds and ``--skip N`` starts it at its N+1-th (a campaign run in parts).
+``--stratified N`` runs every scenario × phase cell the engine can draw N times (round
+after round over the cells), instead of drawing the cells at random; a trial of it
+replays with ``--only CELL --replay SEED``. The
 trials share one local Ray cluster and one SQLite ledger (``--db``, a fresh file under
 the temp dir by default); each is a run of its own, there to be explained afterwards:
 ``fleetledger explain RUN --db URL``.
@@ -35,10 +39,10 @@ from typing import Any
 from fleetledger.controller.ray_fleet import local_ray
 from fleetledger.simulate.campaign import dumps, run_trial
 from fleetledger.simulate.chaos_plan import (
-    PHASES,
-    VLLM_KINDS,
     TrialSettings,
+    cells,
     plan_trial,
+    stratified_plans,
     trial_seeds,
 )
 from fleetledger.simulate.oracle import REFIT_AFTER_DEATH_BOUND_S, judge_from_log
@@ -59,7 +63,8 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
     recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
     scenarios: dict[str, int] = defaultdict(int)
     n = failed = false_deaths = hung = lost = 0
-    for trial in trials:
+    trials_seen = list(trials)
+    for trial in trials_seen:
         n += 1
         scenarios[trial["scenario"].split("@")[0]] += 1
         failed += bool(trial["problems"])
@@ -85,7 +90,38 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
             f"  {kind:<17s} {phase:<14s} n={len(detection[key]):<4d} "
             f"detection {_figures(detection[key])}   recovery {_figures(recovery[key])}"
         )
+    _cell_table(trials_seen)
     return 1 if failed else 0
+
+
+def _cell_table(trials: list[dict[str, Any]]) -> None:
+    """One row per scenario × phase cell: its trials, failures, faults whose phase never
+    came (a cell that only skipped was not covered), and the detection and recovery of
+    the cell's own fault (a first kill that set up a restart is not the cell's)."""
+    rows: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"n": 0, "failed": 0, "skipped": 0, "detection": [], "recovery": []}
+    )
+    for trial in trials:
+        cell = trial["scenario"]
+        phase = cell.split("@")[1]
+        row = rows[cell]
+        row["n"] += 1
+        row["failed"] += bool(trial["problems"])
+        row["skipped"] += any(
+            i["skipped"] and i["fault"]["phase"] == phase for i in trial["injections"]
+        )
+        row["detection"] += [s for _, p, s in trial["detection_s"] if p == phase]
+        row["recovery"] += [s for _, p, s in trial["recovery_s"] if p == phase]
+    if not rows:
+        return
+    print("per cell (trials, failed, skipped: the fault's phase never came):")
+    for cell in sorted(rows):
+        row = rows[cell]
+        print(
+            f"  {cell:<32s} n={row['n']:<3d} failed {row['failed']:<2d} "
+            f"skipped {row['skipped']:<2d} detection {_figures(row['detection'])}   "
+            f"recovery {_figures(row['recovery'])}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="summarize, run nothing")
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument(
+        "--stratified",
+        type=int,
+        metavar="N",
+        help="every scenario × phase cell N times (instead of --trials random ones)",
+    )
+    parser.add_argument(
         "--only",
         metavar="SCENARIO@PHASE",
         help="hold every trial to one scenario and phase (e.g. kill@refit_start)",
@@ -111,27 +153,34 @@ def main(argv: list[str] | None = None) -> int:
                 lines += [json.loads(line) for line in f if line.strip()]
         return summarize(lines)
     db = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fl-chaos-')}/chaos.db"
-    seeds = args.replay or list(trial_seeds(args.seed, args.skip + args.trials))[args.skip :]
     settings = TrialSettings.for_engine(args.engine)
     only = None
     if args.only:
         scenario, _, phase = args.only.partition("@")
-        if scenario not in VLLM_KINDS or phase not in PHASES:
+        table = cells(settings)
+        if (scenario, phase) not in table:
             parser.error(
-                f"--only {args.only}: expected SCENARIO@PHASE, SCENARIO one of "
-                f"{', '.join(VLLM_KINDS)}, PHASE one of {', '.join(PHASES)}"
+                f"--only {args.only}: not a cell of the {args.engine} campaign; its cells: "
+                + " ".join(f"{k}@{p}" for k, p in table)
             )
         only = (scenario, phase)
+    if args.stratified is not None:
+        if args.stratified < 1 or args.replay or only:
+            parser.error("--stratified N takes N >= 1, and neither --replay nor --only")
+        plans = list(stratified_plans(args.seed, args.stratified, settings))[args.skip :]
+    else:
+        seeds = args.replay or list(trial_seeds(args.seed, args.skip + args.trials))[args.skip :]
+        plans = [plan_trial(seed, settings, only) for seed in seeds]  # type: ignore[arg-type]
     log = EventLog.open(db)  # created (and migrated) once, before any trial reads it
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
-    print(f"chaos campaign: {len(seeds)} trials on {args.engine} engines, ledger {db}", flush=True)
+    print(f"chaos campaign: {len(plans)} trials on {args.engine} engines, ledger {db}", flush=True)
     with local_ray():
         import ray
 
         address = ray.get_runtime_context().gcs_address
-        for n, seed in enumerate(seeds, 1):
-            plan = plan_trial(seed, settings, only)  # type: ignore[arg-type]
+        for n, plan in enumerate(plans, 1):
+            seed = plan.seed
             outcome = run_trial(plan, db, settings=settings, ray_address=address)
             verdict = judge_from_log(log, outcome)
             line = dumps(outcome, verdict)

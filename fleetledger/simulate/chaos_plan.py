@@ -22,7 +22,9 @@ __all__ = [
     "Fault",
     "TrialPlan",
     "TrialSettings",
+    "cells",
     "plan_trial",
+    "stratified_plans",
     "trial_seeds",
 ]
 
@@ -171,10 +173,15 @@ def plan_trial(
     scenario: Scenario = rng.choice(VLLM_KINDS if settings.engine == "vllm" else KINDS)
     if only is not None:
         scenario = only[0]
+        if only[1] not in _phases_of(scenario):
+            raise ValueError(
+                f"{scenario}@{only[1]}: a {scenario} trial lands in "
+                f"{', '.join(_phases_of(scenario))}, not {only[1]}"
+            )
     shards = list(range(settings.shards))
     rng.shuffle(shards)
     if scenario == "kill_controller":
-        phase = rng.choice(_CONTROLLER_PHASES) if only is None else only[1]
+        phase = rng.choice(_phases_of(scenario)) if only is None else only[1]
         step = rng.randint(1, settings.steps - 1)
         return TrialPlan(seed, scenario, (Fault("kill_controller", None, phase, step, 0.0),))
     if scenario == "kill_replacement":
@@ -187,8 +194,7 @@ def plan_trial(
         return TrialPlan(seed, scenario, (first, again))
     # Two faults close together land in one phase of their own: a restart or a
     # re-admission would need a third fault first (1-2 faults a trial).
-    phases = _SHARD_PHASES if scenario != "two_shards" else (*_CONTROLLER_PHASES, "reload")
-    phase: Phase = rng.choice(phases) if only is None else only[1]
+    phase: Phase = rng.choice(_phases_of(scenario)) if only is None else only[1]
     faults: list[Fault] = []
     target = shards[-1]
     if phase in ("restart", "readmit"):
@@ -210,6 +216,41 @@ def plan_trial(
     pause = rng.uniform(0.1, settings.condemnation_s * 0.6) if kind == "pause" else 0.0
     faults.append(Fault(kind, target, phase, step, _delay(rng, phase, settings), pause))
     return TrialPlan(seed, scenario, tuple(faults))
+
+
+def _phases_of(scenario: Scenario) -> tuple[Phase, ...]:
+    """The phases a fault of ``scenario`` may land in (the last fault's, for a label)."""
+    if scenario == "kill_controller":
+        return _CONTROLLER_PHASES
+    if scenario == "kill_replacement":
+        return ("restart",)
+    if scenario == "two_shards":
+        return (*_CONTROLLER_PHASES, "reload")
+    return _SHARD_PHASES
+
+
+def cells(settings: TrialSettings = DEFAULT_SETTINGS) -> tuple[tuple[Scenario, Phase], ...]:
+    """Every scenario × phase cell a campaign on ``settings``' engine can draw, in a
+    fixed order: what a stratified campaign covers (a random one leaves rare cells out —
+    the vLLM campaign's 20 random trials drew one pause)."""
+    kinds = VLLM_KINDS if settings.engine == "vllm" else KINDS
+    return tuple((kind, phase) for kind in kinds for phase in _phases_of(kind))
+
+
+def stratified_plans(
+    seed: int, per_cell: int, settings: TrialSettings = DEFAULT_SETTINGS
+) -> Iterator[TrialPlan]:
+    """``per_cell`` trials of every cell, the cells interleaved (round after round, so a
+    campaign stopped early has covered every cell as often as it could); each trial's
+    moments drawn from its own seed, so any of them replays with ``--only CELL
+    --replay SEED``."""
+    if per_cell < 1:
+        raise ValueError(f"per_cell must be >= 1, got {per_cell}")
+    table = cells(settings)
+    seeds = trial_seeds(seed, per_cell * len(table))
+    for _ in range(per_cell):
+        for cell in table:
+            yield plan_trial(next(seeds), settings, cell)
 
 
 def _delay(rng: random.Random, phase: Phase, settings: TrialSettings) -> float:
