@@ -8,6 +8,10 @@ by hand: ``python bench/chaos_campaign.py --trials 300`` (bench/README.md).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,14 +19,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.simulate.campaign import Injection, TrialOutcome, run_trial
+from fleetledger.simulate.campaign import (
+    Injection,
+    TrialOutcome,
+    _Driver,
+    _Follower,
+    run_trial,
+)
 from fleetledger.simulate.chaos_plan import (
     KINDS,
     VLLM_KINDS,
     Fault,
     TrialPlan,
     TrialSettings,
+    cells,
     plan_trial,
+    stratified_plans,
     trial_seeds,
 )
 from fleetledger.simulate.oracle import judge, judge_from_log
@@ -63,6 +75,37 @@ def test_only_a_vllm_campaign_kills_engine_cores():
     vllm_kinds = {plan_trial(seed, vllm).scenario for seed in trial_seeds(2, 300)}
     assert "kill_engine" not in sim_kinds
     assert vllm_kinds == set(VLLM_KINDS)
+
+
+@pytest.mark.parametrize("engine", ["sim", "vllm"])
+def test_the_cells_are_exactly_what_random_trials_draw(engine):
+    """A stratified campaign covers the cells a random one can draw, and no other."""
+    settings = TrialSettings.for_engine(engine)
+    drawn = {plan_trial(seed, settings).label for seed in trial_seeds(3, 2000)}
+    assert drawn == {f"{kind}@{phase}" for kind, phase in cells(settings)}
+
+
+@given(st.integers(min_value=0, max_value=2**31), st.integers(min_value=1, max_value=3))
+@settings(max_examples=50, deadline=None)
+def test_a_stratified_campaign_runs_every_cell_per_cell_times_each_round_whole(seed, per_cell):
+    vllm = TrialSettings.for_engine("vllm")
+    table = cells(vllm)
+    plans = list(stratified_plans(seed, per_cell, vllm))
+    assert len(plans) == per_cell * len(table)
+    for round_ in range(per_cell):  # round after round: a campaign stopped early is even
+        chunk = plans[round_ * len(table) : (round_ + 1) * len(table)]
+        assert [p.label for p in chunk] == [f"{k}@{ph}" for k, ph in table]
+    # Each trial replays alone from its seed, held to its cell.
+    for plan in plans:
+        scenario, _, phase = plan.label.partition("@")
+        assert plan_trial(plan.seed, vllm, (scenario, phase)) == plan  # type: ignore[arg-type]
+
+
+def test_a_cell_the_engine_cannot_draw_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="kill_replacement@reload: a kill_replacement trial"):
+        plan_trial(1, SETTINGS, ("kill_replacement", "reload"))
+    with pytest.raises(ValueError, match="per_cell must be >= 1"):
+        list(stratified_plans(1, 0))
 
 
 def test_every_kind_and_phase_is_drawn():
@@ -132,6 +175,35 @@ def test_a_paused_shard_that_dies_is_a_false_death(ledger):
     assert any("after a pause" in p for p in verdict.problems)
 
 
+def _paused(ledger: Ledger, held_s: float) -> TrialOutcome:
+    outcome = _outcome(ledger, ("pause", 0))
+    outcome.injections[0].held_s = held_s
+    outcome.condemnation_s = SETTINGS.condemnation_s
+    return outcome
+
+
+def test_a_pause_the_campaign_held_past_the_bound_is_the_campaigns_failure_not_a_death(ledger):
+    """The story of the vLLM campaign: a pause planned under the bound but held past it
+    (the injector blocked) is condemned rightly; the trial fails as the injector's."""
+    for _ in range(3):
+        ledger.record_probes({0: _failed()})
+    verdict = _judge(ledger, _paused(ledger, SETTINGS.condemnation_s + 0.6))
+    assert verdict.false_deaths == 0
+    assert [p for p in verdict.problems if "injector overran" in p] == [
+        f"injector overran: shard 0's pause was held {SETTINGS.condemnation_s + 0.6:.2f}s "
+        f"(planned 0.00s), past the condemnation bound {SETTINGS.condemnation_s:g}s: the "
+        "trial judges no pause"
+    ]
+
+
+def test_a_pause_held_as_planned_that_condemns_is_a_false_death(ledger):
+    for _ in range(3):
+        ledger.record_probes({0: _failed()})
+    verdict = _judge(ledger, _paused(ledger, SETTINGS.condemnation_s * 0.5))
+    assert verdict.false_deaths == 1
+    assert not any("injector overran" in p for p in verdict.problems)
+
+
 def test_a_frozen_shard_condemned_by_its_probe_streak_is_right(ledger):
     for _ in range(3):
         ledger.record_probes({0: _failed()})
@@ -189,3 +261,66 @@ def test_a_seeded_trial_passes_the_oracle(seed, ray_cluster, campaign_db):
     outcome = run_trial(plan_trial(seed), db, ray_address=ray_cluster)
     verdict = judge_from_log(log, outcome)
     assert verdict.problems == [], f"seed {seed} ({outcome.plan.label}), run {outcome.run}"
+
+
+# ── the injector holds a pause as planned ─────────────────────────────────────
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+class _AnsweredWhileRunning(_Follower):
+    """A follower whose pid lookups behave like the Ray call a vLLM engine's actor answers:
+    a stopped process never answers, and the caller gives up after 2 s. (The lookup is a
+    stand-in for the actor call; the process, its signals and its state are real.)"""
+
+    def __init__(self, pid: int) -> None:
+        self.target = pid
+        self.view = None
+        self.asked: list[tuple[str, str]] = []  # (thread name, process state when asked)
+
+    def read(self, shard: int, what: str) -> str | None:
+        state = _process_state(self.target)
+        self.asked.append((threading.current_thread().name, state))
+        deadline = time.monotonic() + 2.0
+        while _process_state(self.target) == "T":
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        return str(self.target)
+
+    def poll(self) -> list:
+        return []
+
+
+def test_the_driver_never_asks_a_stopped_shard_anything_while_it_holds_the_pause():
+    """The pids are collected on a thread of their own: a lookup the stopped process
+    cannot answer blocks that thread, never the driver, which thaws on time and says how
+    long it held the process."""
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        follower = _AnsweredWhileRunning(target.pid)
+        vllm = TrialSettings.for_engine("vllm")
+        fault = Fault("pause", 0, "rollouts", 1, 0.0, pause_s=1.2)
+        done = threading.Event()
+        driver = _Driver(TrialPlan(1, "pause", (fault,)), follower, vllm, done)
+        watcher = threading.Thread(
+            target=driver.pid_watcher.run, args=(done,), name="chaos-pids", daemon=True
+        )
+        watcher.start()
+        injection = driver.injections[0]
+        driver._inject(injection)
+        done.set()
+        watcher.join(10)
+        assert injection.skipped == "" and injection.pid == target.pid
+        assert injection.held_s is not None and injection.held_s >= fault.pause_s
+        # While the process was stopped, only the pid watcher asked it anything.
+        askers = {thread for thread, state in follower.asked if state == "T"}
+        assert askers <= {"chaos-pids"}, askers
+        assert target.pid in driver.pids_seen
+        assert _process_state(target.pid) != "T"  # thawed
+    finally:
+        target.kill()
+        target.wait()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import signal
 import threading
@@ -59,6 +60,7 @@ from fleetledger.engines.policy import (  # noqa: E402
     refit_logprob_diff,
 )
 from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory  # noqa: E402
+from fleetledger.projections.fleet_view import fold  # noqa: E402
 from fleetledger.projections.shard_states import ShardState  # noqa: E402
 from fleetledger.shards.contract import GenerationRequest  # noqa: E402
 from fleetledger.simulate import simulation_config  # noqa: E402
@@ -337,6 +339,154 @@ def test_a_stopped_engine_core_is_condemned_by_deep_probes_while_plain_ones_pass
     assert condemned.since_rule.startswith("3 consecutive failed probes")
     assert "timeout" in condemned.since_rule
     assert ledger.view.state_of(1) is ShardState.HEALTHY
+
+
+# ── paused and frozen inside a refit ──────────────────────────────────────────
+
+# The chaos campaign's clocks: probes every 1 s bounded at 0.5 s, condemned after 3
+# failures in a row — a shard silent for 2 s (two intervals) is condemned.
+PAUSE_PROBES = {"probe_interval_s": 1.0, "probe_timeout_s": 0.5, "deep_probe": True}
+CONDEMNATION_S = 2.0
+PAUSES_PER_STAGE = 6
+"""Pauses that must land in each stage of a refit (receiving the bytes, loading them)."""
+PAUSE_SEED = 34
+
+
+@pytest.fixture
+def campaign_ledger(sqlite_url: str, engines: Engines) -> Iterator[Ledger]:
+    log = EventLog.open(sqlite_url)
+    config = simulation_config(**PAUSE_PROBES)
+    ledger = Ledger.start(
+        log,
+        f"vllm-pause-{uuid.uuid4().hex[:8]}",
+        config.fleet_config(shard_count=2, train_world_size=1, base_urls=engines.fleet.base_urls()),
+    )
+    stop = threading.Event()
+    pump = ProbePump(ledger, engines.fleet, config.fleet_health).start(stop)
+    yield ledger
+    stop.set()
+    pump.join(30)
+    log.close()
+
+
+def _refit_with_a_stop(
+    engines: Engines,
+    ledger: Ledger,
+    shard: int,
+    stage: str,
+    delay_s: float,
+    pause_s: float | None,
+) -> tuple[float | None, dict[str, object]]:
+    """One step and its refit; ``delay_s`` after ``shard``'s refit is seen in ``stage``
+    its actor is SIGSTOPped — and SIGCONTed ``pause_s`` later (``None``: frozen for
+    good). The stop's CLOCK_MONOTONIC time (``None``: the stage was never seen before the
+    refit ended) and the refit's outcome."""
+    handle = engines.fleet.handle(shard)
+    pid = engines.actor_pid(shard)
+    version = _step(engines)
+    result: dict[str, object] = {}
+    refit = threading.Thread(
+        target=lambda: result.update(outcome=_coordinator(engines, ledger).refit(version))
+    )
+    refit.start()
+    stopped_at = None
+    while refit.is_alive() and stopped_at is None:
+        if ray.get(handle.refit_stage.remote(), timeout=30) == stage:
+            time.sleep(delay_s)
+            engines.stop(pid)
+            stopped_at = time.monotonic()
+            if pause_s is not None:
+                time.sleep(pause_s)
+                os.kill(pid, signal.SIGCONT)
+                engines.stopped.remove(pid)
+    refit.join(timeout=300)
+    assert not refit.is_alive(), "the refit never returned"
+    return stopped_at, result
+
+
+def _deaths(ledger: Ledger) -> list[tuple[int, int, str]]:
+    """Every transition to DEAD the run's log holds: (seq, shard, rule)."""
+    records = list(ledger.log.read(ledger.run, 0))
+    view = fold(records[:1])
+    return [
+        (t.seq, t.shard, t.rule)
+        for r in records[1:]
+        for t in view.apply(r)
+        if t.after is ShardState.DEAD
+    ]
+
+
+def _stage_at(stages: dict[str, float], moment: float) -> str | None:
+    """The stage of the refit ``moment`` fell in, by the engine's own stamps."""
+    if stages["receiving"] <= moment < stages["loading"]:
+        return "receiving"
+    if stages["loading"] <= moment < stages["idle"]:
+        return "loading"
+    return None
+
+
+def test_a_shard_paused_for_part_of_the_bound_inside_a_refit_is_never_condemned(
+    engines, campaign_ledger
+):
+    """A vLLM engine SIGSTOPped at a random moment of its refit's receive or load, for a
+    random fraction of the condemnation bound, then SIGCONTed: the refit completes with
+    every shard, nobody is condemned, and the paused shard's probes are answered again.
+
+    The stop lands where the engine's own stage stamps say (``last_refit``); a trial whose
+    stop fell outside both stages counts for neither, and trials go on until each stage
+    had ``PAUSES_PER_STAGE`` stops (bounded)."""
+    ledger = campaign_ledger
+    rng = random.Random(PAUSE_SEED)
+    landed: dict[str, list[float]] = {"receiving": [], "loading": []}
+    trials = 0
+    while min(len(v) for v in landed.values()) < PAUSES_PER_STAGE:
+        trials += 1
+        assert trials <= 6 * PAUSES_PER_STAGE, f"stops never landed in every stage: {landed}"
+        stage = min(landed, key=lambda k: len(landed[k]))
+        shard = rng.choice((0, 1))
+        delay = rng.uniform(0.0, 0.004 if stage == "receiving" else 0.05)
+        pause = rng.uniform(0.05, 0.75) * CONDEMNATION_S
+        stopped_at, result = _refit_with_a_stop(engines, ledger, shard, stage, delay, pause)
+        outcome = result["outcome"]
+        assert not outcome.recovered and outcome.participants == (0, 1), (
+            f"trial {trials}: a pause of {pause:.2f}s in shard {shard}'s {stage} cost the refit"
+        )
+        stages = ray.get(engines.fleet.handle(shard).last_refit.remote())["stages_monotonic"]
+        where = None if stopped_at is None else _stage_at(stages, stopped_at)
+        if where is not None:
+            landed[where].append(pause)
+    # One condemnation bound more with the pump running: a shard that stayed silent
+    # after its pause would be condemned by now.
+    time.sleep(CONDEMNATION_S + 1.0)
+    deaths = _deaths(ledger)
+    view = ledger.view
+    assert [view.state_of(s) for s in (0, 1)] == [ShardState.HEALTHY] * 2, (
+        f"after {trials} trials ({landed}): {[view.shards[s].since_rule for s in (0, 1)]}"
+    )
+    assert "refit_aborted" not in _types(ledger) and deaths == []
+    assert all(view.shards[s].weight_version == view.shards[0].weight_version for s in (0, 1))
+
+
+@pytest.mark.parametrize("stage", ["receiving", "loading"])
+def test_a_shard_frozen_for_good_inside_a_refit_is_condemned_and_the_refit_recovered(
+    engines, campaign_ledger, stage
+):
+    """The same refit with the stop never lifted: the probes condemn the frozen shard and
+    the refit gives it up at once (it does not wait out its own timeout, 60 s here) and
+    completes with the survivor."""
+    ledger = campaign_ledger
+    stopped_at, result = _refit_with_a_stop(engines, ledger, 1, stage, 0.0, None)
+    assert stopped_at is not None, f"shard 1 was never seen {stage}"
+    outcome = result["outcome"]
+    assert outcome.recovered and outcome.participants == (0,)
+    frozen = ledger.view.shards[1]
+    assert frozen.state is ShardState.DEAD
+    assert frozen.since_rule.startswith("3 consecutive failed probes"), frozen.since_rule
+    aborted = [r for r in ledger.log.read(ledger.run, 0) if r.event.type == "refit_aborted"]
+    assert aborted and aborted[0].seq > frozen.since_seq
+    assert "not waiting out refit_timeout_s" in aborted[0].event.reason
+    assert ledger.view.state_of(0) is ShardState.HEALTHY
+    assert _types(ledger)[-1] == "refit_completed"
 
 
 # ── killed for real ───────────────────────────────────────────────────────────

@@ -433,11 +433,20 @@ class VllmShard(CommunicatorActor, GenerationShard):
             raise PeerLost(f"shard {self._index}: the engine is gone mid-refit: {exc}") from None
         finally:
             self._refit_stage = "idle"
+        loaded_at = time.monotonic()
         self._weight_version = version
         self._last_refit = received | {
             "receive_s": reload_at - received_at,
-            "reload_s": time.monotonic() - reload_at,
+            "reload_s": loaded_at - reload_at,
             "kept_requests": kept,
+            # When each stage began and the refit ended, on the host's CLOCK_MONOTONIC
+            # (one clock for every process of the machine): where a stall or a signal
+            # landed in the refit can be read against it.
+            "stages_monotonic": {
+                "receiving": received_at,
+                "loading": reload_at,
+                "idle": loaded_at,
+            },
         }
         return self._last_refit
 

@@ -43,6 +43,7 @@ from fleetledger.queries.tail import Tail
 from fleetledger.shards.naming import actor_prefix, shard_actor_name
 from fleetledger.simulate.chaos_plan import DEFAULT_SETTINGS, Fault, TrialPlan, TrialSettings
 from fleetledger.simulate.spec import SimulationSpec
+from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 
 __all__ = [
@@ -87,32 +88,40 @@ class _Follower:
     asked of a vLLM engine's actor (``refit_stage``, ``pid``, ``engine_pid``)."""
 
     def __init__(self, db_url: str, run: str, stage_dir: str, engine: str = "sim") -> None:
-        self.log = EventLog.open(db_url, mode="read")
+        self.db_url = db_url
+        self.log: EventLog | None = None  # opened by the first poll (a failed open is retried)
         self.run = run
         self.stage_dir = stage_dir
         self.engine = engine
         self.view: FleetView | None = None
         self._tail: Tail | None = None
         self.events: list[RecordedEvent] = []
+        self.read_errors = 0
+        self.last_read_error = ""
 
     def poll(self) -> list[RecordedEvent]:
-        """New events since the last poll (none before the run exists)."""
+        """New events since the last poll (none before the run exists). A read that
+        fails is counted and said (``read_errors``), never taken for a run not started:
+        a phase missed because the ledger could not be read is not "the run ended"."""
         new: list[RecordedEvent] = []
-        if self._tail is None:
-            try:
-                new = list(self.log.read(self.run, 0, 1))
-            except LedgerError:
-                return []  # not started yet
-            if not new:
-                return []
-            self.view = fold(new)
-            self._tail = Tail(self.log, self.run, self.view)
         try:
+            if self.log is None:
+                self.log = EventLog.open(self.db_url, mode="read")
+            if self._tail is None:
+                try:
+                    new = list(self.log.read(self.run, 0, 1))
+                except UnknownRun:
+                    return []  # not started yet
+                if not new:
+                    return []
+                self.view = fold(new)
+                self._tail = Tail(self.log, self.run, self.view)
             for recorded in self._tail.new():
                 self._tail.view.apply(recorded)
                 new.append(recorded)
-        except LedgerError:
-            pass  # a read that failed mid-way: what was folded counts, the rest comes next poll
+        except LedgerError as exc:  # what was folded counts, the rest comes next poll
+            self.read_errors += 1
+            self.last_read_error = str(exc)
         self.events += new
         return new
 
@@ -142,7 +151,8 @@ class _Follower:
         return int(text) if text else None
 
     def close(self) -> None:
-        self.log.close()
+        if self.log is not None:
+            self.log.close()
 
 
 POLL_S = 0.005
@@ -219,6 +229,7 @@ class _Driver:
         self.frozen: list[int] = []
         self.pid_watcher = _PidWatcher(follower, settings)
         self.error: BaseException | None = None
+        self._replacement_pid: int | None = None
 
     def run(self) -> None:
         watcher = threading.Thread(
@@ -276,6 +287,11 @@ class _Driver:
                 return True
             if self._ended():
                 injection.skipped = f"the run ended before {fault.phase} of step {fault.step}"
+                if self.follower.read_errors:
+                    injection.skipped += (
+                        f" as the campaign read it ({self.follower.read_errors} reads of the "
+                        f"ledger failed, the last: {self.follower.last_read_error})"
+                    )
                 return False
             time.sleep(POLL_S)
 
@@ -338,7 +354,10 @@ class _Driver:
 
                 def replacement(_new: list[RecordedEvent]) -> bool:
                     pid = f.pid(fault.shard or 0)
-                    return pid is not None and first.pid is not None and pid != first.pid
+                    if pid is None or first.pid is None or pid == first.pid:
+                        return False
+                    self._replacement_pid = pid
+                    return True
 
                 return replacement
 
@@ -372,6 +391,11 @@ class _Driver:
             pid = self.follower.pid(
                 fault.shard, "engine_pid" if fault.kind == "kill_engine" else "pid"
             )
+            if pid is None and fault.kind == "kill_replacement":
+                # A vLLM replacement's actor answers no call while its engine starts (the
+                # engine's constructor holds its event loop): the pid its phase was seen
+                # by is the process loading.
+                pid = self._replacement_pid
             view = self.follower.view
             if view is not None:
                 injection.incarnation = view.shards[fault.shard].restart_attempts

@@ -109,7 +109,11 @@ class TrialSettings:
                 steps=self.steps,
                 groups_per_step=self.groups_per_step,
                 group_size=self.group_size,
-                train_s=0.02,
+                # A step at least one probe interval long, so every step has a probe
+                # round: a tiny model's rollouts and refit take well under a second, and
+                # "after_probe of step N" used to miss its step and then the run's end
+                # (every after_probe trial of a stratified vLLM campaign's first round).
+                train_s=self.probe_interval_s,
                 config=config,
                 run=run,
                 engine="vllm",
