@@ -224,6 +224,16 @@ def log(ledger_url: str) -> Iterator[EventLog]:
 
 
 @pytest.fixture(scope="module")
+def campaign_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EventLog]]:
+    """One SQLite ledger for a module's chaos trials (each trial is a run of its own),
+    its URL and a log open on it for the oracle's reads."""
+    db = f"sqlite:///{tmp_path_factory.mktemp('chaos')}/chaos.db"
+    log = EventLog.open(db)
+    yield db, log
+    log.close()
+
+
+@pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real local Ray cluster for one test module (starting one costs ~3 s and ~1 GB).
 

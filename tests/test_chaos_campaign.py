@@ -244,14 +244,6 @@ def test_the_slice_draws_every_scenario_kind():
     assert {plan_trial(seed).scenario for seed in SLICE} == set(KINDS)
 
 
-@pytest.fixture(scope="module")
-def campaign_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, EventLog]]:
-    db = f"sqlite:///{tmp_path_factory.mktemp('chaos')}/chaos.db"
-    log = EventLog.open(db)
-    yield db, log
-    log.close()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", SLICE)
 def test_a_seeded_trial_passes_the_oracle(seed, ray_cluster, campaign_db):
