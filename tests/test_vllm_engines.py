@@ -404,6 +404,17 @@ def _refit_with_a_stop(
     return stopped_at, result
 
 
+def _last_seq(ledger: Ledger) -> int:
+    return max(r.seq for r in ledger.log.read(ledger.run, 0))
+
+
+def _answered_since(ledger: Ledger, shard: int, after_seq: int) -> bool:
+    return any(
+        r.event.type == "probe_round" and shard in r.event.ok
+        for r in ledger.log.read(ledger.run, after_seq)
+    )
+
+
 def _deaths(ledger: Ledger) -> list[tuple[int, int, str]]:
     """Every transition to DEAD the run's log holds: (seq, shard, rule)."""
     records = list(ledger.log.read(ledger.run, 0))
@@ -455,6 +466,14 @@ def test_a_shard_paused_for_part_of_the_bound_inside_a_refit_is_never_condemned(
         where = None if stopped_at is None else _stage_at(stages, stopped_at)
         if where is not None:
             landed[where].append(pause)
+        # Each pause stands alone: the paused shard answers a probe round before the next
+        # trial (two pauses back to back would be one silence longer than the bound).
+        mark = _last_seq(ledger)
+        _until(
+            lambda: _answered_since(ledger, shard, mark),  # noqa: B023 (called at once)
+            f"shard {shard} answered a probe round after its pause",
+            timeout_s=30,
+        )
     # One condemnation bound more with the pump running: a shard that stayed silent
     # after its pause would be condemned by now.
     time.sleep(CONDEMNATION_S + 1.0)
