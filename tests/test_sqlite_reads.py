@@ -209,3 +209,46 @@ def test_a_page_held_by_the_caller_holds_no_lock_a_writer_would_wait_for(
         assert log.head("r1") == 5
     # The read ends at the head it found when it began; the append is there for the next.
     assert [e.seq for e in [*first, *rest]] == [1, 2, 3, 4]
+
+
+WRITER = """
+import sys
+from fleetledger.store.log import EventLog
+from tests.builders import probe_ok, run_started
+
+with EventLog.open(sys.argv[1]) as log:  # closed on the way out: its last connection
+    log.append(sys.argv[2], [run_started(), *(probe_ok(0) for _ in range(200))])
+"""
+
+
+def test_opening_a_reader_keeps_this_process_locks_so_another_writer_leaves_the_wal(
+    tmp_path: Path,
+) -> None:
+    """A read open beside this process's own connections must not touch the file with a
+    plain open() and close(): that drops every POSIX lock the process holds on it, and a
+    writer in another process that then closes its last connection takes itself for the
+    last one anywhere — it checkpoints and deletes the -wal and -shm under connections
+    still reading them (what the chaos campaign's reads met: "database disk image is
+    malformed"). Here the writer's exit must leave both, and every read sees it all."""
+    path = tmp_path / "shared.db"
+    url = f"sqlite:///{path}"
+    with EventLog.open(url) as log:
+        log.append("mine", [run_started(), probe_ok(0)])
+        assert len(list(log.read("mine"))) == 2  # a read connection kept open
+        with EventLog.open(url, mode="read") as follower:  # beside it, in this process
+            assert len(list(follower.read("mine"))) == 2
+            done = subprocess.run(
+                [sys.executable, "-c", WRITER, url, "theirs"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+                cwd=Path(__file__).parent.parent,
+            )
+            assert done.returncode == 0, done.stderr
+            # This process's connections are open: the writer was not the last one.
+            assert Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()
+            assert len(list(follower.read("theirs"))) == 201
+            assert len(list(log.read("theirs"))) == 201
+            log.append("mine", [probe_ok(1)])
+            assert len(list(follower.read("mine"))) == 3

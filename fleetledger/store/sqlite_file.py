@@ -100,6 +100,17 @@ def prepare_sqlite_file(path: Path, params: dict[str, str]) -> None:
 
 
 def is_wal_file(path: Path) -> bool:
+    """Whether the file's header says WAL mode.
+
+    Call it only where no SQLite connection of this process can be open on the file (no
+    -shm beside it): closing *any* descriptor of a file releases every POSIX lock the
+    process holds on it, SQLite's included. Story: the chaos campaign's process kept a
+    ledger open and, each trial, opened a follower that read the header; the SHARED lock
+    its connections held was gone, so a controller process that closed its own last
+    connection took itself for the last one, checkpointed and deleted the -wal and -shm
+    under the campaign's live connections, and every read after that failed with
+    "database disk image is malformed" (``PRAGMA integrity_check`` afterwards: ok).
+    """
     try:
         with path.open("rb") as fh:
             header = fh.read(100)
@@ -113,10 +124,16 @@ def plan_sqlite_read(path: Path, params: dict[str, str]) -> tuple[dict[str, str]
     """The URI parameters of a read-only open, and whether it needs a keeper (see the
     module docstring for why each case is read the way it is)."""
     params = {**params, "mode": "ro"}
-    if params_immutable(params) or not is_wal_file(path):
-        return params, False  # the user vouches nothing changes it; or no WAL index needed
+    if params_immutable(params):
+        return params, False  # the user vouches nothing changes it
     if Path(f"{path}-shm").exists():
-        return params, False  # join the index that is there
+        # Join the index that is there — before any look at the file's header: a WAL
+        # connection open anywhere keeps the -shm, and reading the header is an open()
+        # and close() of the ledger file, which drops every POSIX lock this process
+        # holds on it, its SQLite connections' too (see ``is_wal_file``).
+        return params, False
+    if not is_wal_file(path):
+        return params, False  # no WAL index needed
     reason = cannot_write(path)
     if reason is None:
         return params, True
