@@ -543,12 +543,17 @@ def _run_here(
 def _spawn_controller(
     db_url: str, run: str, stage_dir: str, ray_address: str, engine: str
 ) -> subprocess.Popen[bytes]:
+    import ray
+
     code = (
         "import sys; from fleetledger.simulate.campaign import controller_main; "
         "controller_main(sys.argv[1:])"
     )
+    # The campaign's own Ray namespace: the fleet the controller starts is then found by
+    # its actors' names from here (a vLLM engine's stage and pids are asked of them).
+    namespace = ray.get_runtime_context().namespace
     return subprocess.Popen(
-        [sys.executable, "-c", code, db_url, run, stage_dir, ray_address, engine],
+        [sys.executable, "-c", code, db_url, run, stage_dir, ray_address, engine, namespace],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -572,8 +577,13 @@ def controller_main(argv: list[str]) -> None:
     campaign's settings, driven from here on the campaign's Ray cluster."""
     import ray
 
-    db_url, run, stage_dir, address, engine = argv
-    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    db_url, run, stage_dir, address, engine, *namespace = argv
+    ray.init(
+        address=address,
+        namespace=namespace[0] if namespace else None,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     from fleetledger.simulate.loop import Simulation  # after ray.init: it starts actors
 
     log = EventLog.open(db_url)
