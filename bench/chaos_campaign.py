@@ -62,7 +62,7 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
     detection: dict[tuple[str, str], list[float]] = defaultdict(list)
     recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
     scenarios: dict[str, int] = defaultdict(int)
-    n = failed = false_deaths = hung = lost = 0
+    n = failed = false_deaths = hung = lost = exhausted = 0
     trials_seen = list(trials)
     for trial in trials_seen:
         n += 1
@@ -71,6 +71,7 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
         false_deaths += trial["false_deaths"]
         hung += trial["hung"]
         lost += trial["lost_prompts"]
+        exhausted += trial.get("exhausted_by_faults", False)
         for kind, phase, seconds in trial["detection_s"]:
             detection[kind, phase].append(seconds)
         for kind, phase, seconds in trial["recovery_s"]:
@@ -78,6 +79,11 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
     print(
         f"\n{n} trials: {failed} failed the oracle, {false_deaths} false deaths, {hung} hung "
         f"runs, {lost} lost prompts"
+        + (
+            f"; {exhausted} runs failed rightly, the faults left too few shards"
+            if exhausted
+            else ""
+        )
     )
     print("  scenarios: " + ", ".join(f"{k} {v}" for k, v in sorted(scenarios.items())))
     print(

@@ -204,6 +204,49 @@ def test_a_pause_held_as_planned_that_condemns_is_a_false_death(ledger):
     assert not any("injector overran" in p for p in verdict.problems)
 
 
+@pytest.fixture
+def two_shards(sqlite_url: str) -> Iterator[Ledger]:
+    log = EventLog.open(sqlite_url)
+    yield Ledger.start(log, "two", fleet_config(2, train_world_size=1, min_healthy_shards=1))
+    log.close()
+
+
+def test_a_fleet_the_faults_left_too_few_fails_rightly(two_shards):
+    """A vLLM trial's fleet is two shards: a kill of one, then of the other while the
+    first restarts, leaves none — the exhaustion is the controller's right verdict."""
+    ledger = two_shards
+    ledger.actor_died(0, "ActorDiedError: killed")
+    ledger.actor_died(1, "ActorDiedError: killed")
+    ledger.declare_exhausted()
+    ledger.end_run("failed", "only 0 generation shard(s) serving")
+    outcome = _outcome(ledger, ("kill", 0), ("kill", 1), outcome="failed")
+    verdict = _judge(ledger, outcome)
+    assert verdict.ok, verdict.problems
+    assert verdict.exhausted_by_faults
+
+
+def test_an_exhaustion_a_missing_shard_no_fault_explains_is_a_failure(two_shards):
+    ledger = two_shards
+    ledger.actor_died(0, "ActorDiedError: killed")
+    ledger.actor_died(1, "ActorDiedError: killed")  # no fault hit shard 1
+    ledger.declare_exhausted()
+    ledger.end_run("failed", "only 0 generation shard(s) serving")
+    verdict = _judge(ledger, _outcome(ledger, ("kill", 0), outcome="failed"))
+    assert not verdict.exhausted_by_faults
+    assert any("shards [1] were missing and no fault explains them" in p for p in verdict.problems)
+
+
+def test_an_exhaustion_after_a_pause_is_a_failure(two_shards):
+    ledger = two_shards
+    ledger.actor_died(0, "ActorDiedError: killed")
+    for _ in range(3):
+        ledger.record_probes({1: _failed()})
+    ledger.declare_exhausted()
+    ledger.end_run("failed", "only 0 generation shard(s) serving")
+    verdict = _judge(ledger, _outcome(ledger, ("kill", 0), ("pause", 1), outcome="failed"))
+    assert not verdict.exhausted_by_faults and verdict.false_deaths == 1
+
+
 def test_a_frozen_shard_condemned_by_its_probe_streak_is_right(ledger):
     for _ in range(3):
         ledger.record_probes({0: _failed()})

@@ -630,6 +630,7 @@ def dumps(outcome: TrialOutcome, verdict: Any = None) -> str:
             "false_deaths": verdict.false_deaths,
             "lost_prompts": verdict.lost_prompts,
             "hung": verdict.hung,
+            "exhausted_by_faults": verdict.exhausted_by_faults,
             "detection_s": [[*key, value] for key, value in verdict.detection_s.items()],
             "recovery_s": [[*key, value] for key, value in verdict.recovery_s.items()],
         }

@@ -11,9 +11,12 @@ What must hold whatever moment a fault chose:
   (measured between its two signals) is the campaign's own failure, said as such — the
   controller is right to condemn it, and the trial proves nothing of pauses;
 - a kill is recorded (the shard's incarnation does reach DEAD);
-- the run completes (a trial's fleet never falls below ``min_healthy_shards``: at most
-  two of three shards are hit, and dead shards are restarted), every prompt committed
-  exactly once; none hangs;
+- the run completes, every prompt committed exactly once; none hangs. A run may instead
+  end failed by its fleet falling below ``min_healthy_shards`` when the trial's own
+  lethal faults put every missing shard out (a vLLM fleet is two shards: a fault on the
+  survivor while the other restarts leaves none) — the controller's right verdict,
+  counted apart (``exhausted_by_faults``); with one missing shard no fault explains, it
+  is a failure;
 - a refit in flight when a death is recorded completes (recovered) within
   ``REFIT_AFTER_DEATH_BOUND_S`` of the death;
 - after the trial, no process of its fleet is left running;
@@ -29,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetledger.events.models import RecordedEvent
-from fleetledger.projections.fleet_view import fold
+from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
 from fleetledger.projections.shard_states import Input, ShardState
 from fleetledger.queries.views import load_view
@@ -60,6 +63,7 @@ class Verdict:
     false_deaths: int = 0
     lost_prompts: int = 0
     hung: bool = False
+    exhausted_by_faults: bool = False  # the run failed, rightly: the faults left too few
     # (fault kind, phase) -> seconds from the injection to the death, to the refit after
     detection_s: dict[tuple[str, str], float] = field(default_factory=dict)
     recovery_s: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -93,6 +97,7 @@ def judge(
     # shard, incarnation, input, seq, at, and whether a refit was in flight at the death
     deaths: list[tuple[int, int, Input, int, int, bool]] = []
     refits_done: list[tuple[int, int]] = []  # (seq, at_us) of refit_completed
+    unexplained_exhaustion: list[int] | None = None  # missing shards no fault explains
     in_refit = False  # from a refit's start, through its aborts, to its completion
     for recorded in events:
         if view is None:
@@ -106,6 +111,13 @@ def judge(
                 deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us, in_refit))
         if recorded.event.type == "refit_completed":
             refits_done.append((recorded.seq, recorded.at_us))
+        if recorded.event.type == "fleet_exhausted" and unexplained_exhaustion is None:
+            unexplained_exhaustion = [
+                record.index
+                for record in view.shards
+                if not record.serving
+                and _lethal_cause(injected, record.index, view, recorded.at_us) is None
+            ]
     for shard, incarnation, rule, seq, at_us, during_refit in deaths:
         cause = _cause(injected, shard, incarnation, at_us)
         if cause is None:
@@ -150,8 +162,15 @@ def judge(
             verdict.problems.append(f"controller trial ended {outcome.outcome}: {outcome.cause}")
         if read_back is not None:
             verdict.problems.append(read_back)
+    elif outcome.outcome == "failed" and unexplained_exhaustion == [] and not verdict.false_deaths:
+        verdict.exhausted_by_faults = True
     elif outcome.outcome != "completed":
-        verdict.problems.append(f"run {outcome.outcome}: {outcome.cause}")
+        unexplained = (
+            f" (shards {unexplained_exhaustion} were missing and no fault explains them)"
+            if unexplained_exhaustion
+            else ""
+        )
+        verdict.problems.append(f"run {outcome.outcome}: {outcome.cause}{unexplained}")
     else:
         for prompt in outcome.expected_prompts:
             times = outcome.committed_prompts.get(prompt, 0)
@@ -161,6 +180,23 @@ def judge(
     if left_running:
         verdict.problems.append(f"processes left running: {sorted(left_running)}")
     return verdict
+
+
+_LETHAL = frozenset({"kill", "kill_engine", "freeze", "kill_replacement"})
+
+
+def _lethal_cause(
+    injected: Sequence[Injection], shard: int, view: FleetView, at_us: int
+) -> Injection | None:
+    """The fault that put ``shard`` out of serving by ``at_us``: one that kills or
+    freezes it, in any incarnation up to its current one (a killed shard's replacement
+    that is still loading is missing because of that kill)."""
+    current = view.shards[shard].restart_attempts
+    for incarnation in range(current, -1, -1):
+        cause = _cause(injected, shard, incarnation, at_us)
+        if cause is not None and cause.fault.kind in _LETHAL:
+            return cause
+    return None
 
 
 def _overran(injection: Injection, bound_s: float) -> bool:
