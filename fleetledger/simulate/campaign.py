@@ -126,6 +126,9 @@ class _Follower:
         return new
 
     def read(self, shard: int, what: str) -> str | None:
+        if self.engine == "vllm" and what == "pid":
+            pid = self._actor_pid(shard)
+            return None if pid is None else str(pid)
         if self.engine == "vllm":
             method = {"stage": "refit_stage", "pid": "pid", "engine_pid": "engine_pid"}[what]
             answer = self._ask(shard, method)
@@ -135,6 +138,24 @@ class _Follower:
                 return f.read().strip() or None
         except FileNotFoundError:
             return None
+
+    def _actor_pid(self, shard: int) -> int | None:
+        """The shard's current actor's process, read from Ray's actor table — never a call
+        to the actor: a vLLM replacement answers no call while its engine starts (the
+        engine's constructor holds its event loop for ~20 s), which is exactly when a
+        ``kill_replacement`` fault is aimed at it. The table knows the process from the
+        moment Ray placed the actor (``PENDING_CREATION`` included)."""
+        import ray
+        from ray._private.state import state  # Ray's GCS client: no public read of a pid
+
+        try:
+            handle = ray.get_actor(shard_actor_name(actor_prefix(self.run), shard))
+            entry = state.actor_table(handle._actor_id.hex())
+        except Exception:
+            return None
+        pid = entry.get("Pid") if isinstance(entry, dict) else None
+        alive = isinstance(entry, dict) and entry.get("State") in ("PENDING_CREATION", "ALIVE")
+        return int(pid) if alive and pid else None
 
     def _ask(self, shard: int, method: str) -> Any:
         """One call on the shard's current actor (found by its name), or None."""
@@ -392,9 +413,8 @@ class _Driver:
                 fault.shard, "engine_pid" if fault.kind == "kill_engine" else "pid"
             )
             if pid is None and fault.kind == "kill_replacement":
-                # A vLLM replacement's actor answers no call while its engine starts (the
-                # engine's constructor holds its event loop): the pid its phase was seen
-                # by is the process loading.
+                # The process its phase was seen by, should Ray's actor table have lost
+                # it since (the actor died in between).
                 pid = self._replacement_pid
             view = self.follower.view
             if view is not None:
