@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from fleetledger.adapters.failure_taxonomy import FailureKind
 from fleetledger.adapters.outcome_reporter import OutcomeReporter, OutcomeWindow
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.models import FailureCount, OutcomeWindowReported, ShardOutcomes
+from fleetledger.events.models import (
+    FailureCount,
+    OutcomeWindowReported,
+    ShardOutcomes,
+    VersionCount,
+)
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
@@ -57,6 +62,7 @@ def test_cancellation_is_not_the_shards_fault():
         (lambda w: w.failure(0), "exactly one of error= or status="),
         (lambda w: w.failure(0, ValueError("x"), status=500), "exactly one of error= or status="),
         (lambda w: w.failure(0, status=99), "not an HTTP status"),
+        (lambda w: w.success(0, version=-1), "shard 0: a weight version must be >= 0"),
     ],
 )
 def test_bad_outcomes_are_refused_by_name(call, message):
@@ -221,3 +227,38 @@ def test_a_window_without_examples_is_stored_as_before():
     assert long.example == "x" * 200
     with pytest.raises(ValueError):
         FailureCount(category="infra", reason="timeout", example="x" * 201)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2), st.integers(1, 3), st.none() | st.integers(0, 4), st.booleans()
+        ),
+        max_size=30,
+    )
+)
+def test_a_window_counts_successes_by_the_version_the_engine_attested(successes):
+    window = OutcomeWindow()
+    for shard, count, version, partial in successes:
+        window.success(shard, count, version=version, partial=partial)
+    for outcome in window.take():
+        mine = [s for s in successes if s[0] == outcome.shard]
+        assert outcome.successes == sum(c for _, c, _, _ in mine)
+        by_version = {v.version: v.count for v in outcome.versions}
+        for version in {v for _, _, v, _ in mine if v is not None}:
+            assert by_version[version] == sum(c for _, c, v, _ in mine if v == version)
+        assert outcome.unattested == sum(c for _, c, v, _ in mine if v is None)
+        assert outcome.partial == sum(c for _, c, _, p in mine if p)
+
+
+def test_a_window_without_versions_is_stored_as_before_and_bad_counts_are_refused():
+    assert "versions" not in ShardOutcomes(shard=0, successes=2).model_dump_json()
+    assert "partial" not in ShardOutcomes(shard=0, successes=2).model_dump_json()
+    with pytest.raises(ValueError, match="shard 1: 3 successes by version and 0 on partial"):
+        ShardOutcomes(shard=1, successes=2, versions=(VersionCount(version=4, count=3),))
+    with pytest.raises(ValueError, match="shard 1: versions name a version more than once"):
+        ShardOutcomes(
+            shard=1,
+            successes=2,
+            versions=(VersionCount(version=4, count=1), VersionCount(version=4, count=1)),
+        )

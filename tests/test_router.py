@@ -38,6 +38,7 @@ from fleetledger.adapters.failure_taxonomy import FailureKind, classify_http_sta
 from fleetledger.adapters.least_outstanding import least_outstanding
 from fleetledger.config import ControllerConfig, RouterConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
+from fleetledger.engines.simulated import SimulatedShard
 from fleetledger.events.models import OutcomeWindowReported
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.router.app import Router, RouterError, reserve_port
@@ -692,7 +693,9 @@ def test_an_outcome_for_a_url_that_left_the_fleet_is_dropped(sqlite_url, engines
         ledger.replacement_loaded(0, engines[1].base_url)
         running.wait_for_seq(ledger.view.seq)
         engines[0].release()
-        pending.result()
+        # Ended by the router once the ledger said so; re-sent, it found no serving shard.
+        with pytest.raises(openai.ConflictError, match="re-sent after shard 0 left the fleet"):
+            pending.result()
     running.stop()
     assert windows(sqlite_url) == []
 
@@ -955,6 +958,8 @@ def test_every_answer_carries_the_weight_version_the_ledger_had(sqlite_url, engi
     running = serve(sqlite_url)
     raw = running.client.completions.with_raw_response.create(model="tiny", prompt="p")
     assert raw.headers["x-fleetledger-weight-version"] == "3"
+    # These engines say nothing of their weights: the version is the ledger's, said so.
+    assert raw.headers["x-fleetledger-weight-version-source"] == "ledger"
     assert "x-fleetledger-weight-version-end" not in raw.headers
     # A refit that completes while a (non-streamed) request waits for its answer: the
     # answer's head names the version it ended under.
@@ -1010,6 +1015,88 @@ def test_a_refit_in_the_middle_of_a_stream_is_named_where_the_stream_ends(
     with chat.with_streaming_response.create(**args, stream=True) as quiet:
         assert quiet.headers["x-fleetledger-weight-version"] == "9"
         assert [line for line in quiet.iter_lines() if line][-1] == "data: [DONE]"
+
+
+def test_an_engine_that_attests_is_taken_at_its_word_and_counted_by_it(sqlite_url, loop, serve):
+    # The simulated engine attests (as every engine of fleetledger's does); the ledger,
+    # which learns of a load only after the refit completes, still says version 2.
+    shard = SimulatedShard(0, generation_s=0.0, weight_version=0, serve_http=True)
+    base = loop.run(shard.start_http())
+    ledger = start_run(sqlite_url, [base])
+    ledger.refit_started(2)
+    ledger.refit_completed(2)
+    loop.run(shard.set_weight_version(5))  # the engine's own load, ahead of the ledger
+    running = serve(sqlite_url, window_s=0.05)
+    for _ in range(3):
+        raw = running.client.completions.with_raw_response.create(model="m", prompt="p")
+        text = raw.parse().choices[0].text
+        assert text.endswith(" v5")  # the tokens the engine generated from version 5
+        assert raw.headers["x-fleetledger-weight-version"] == "5"
+        assert raw.headers["x-fleetledger-weight-version-end"] == "5"
+        assert "x-fleetledger-weight-version-source" not in raw.headers
+    args = {"model": "m", "prompt": "p", "max_tokens": 2, "stream": True}
+    with running.client.completions.with_streaming_response.create(**args) as streamed:
+        said = [line for line in streamed.iter_lines() if line]
+    assert streamed.headers["x-fleetledger-weight-version"] == "5"
+    assert said[-2:] == [": x-fleetledger-weight-version-end 5", "data: [DONE]"]  # once
+    running.stop()  # its last window handed over
+    counted = [(o.shard, o.successes, o.versions) for w in windows(sqlite_url) for o in w.outcomes]
+    assert sum(n for _, n, _ in counted) == 4
+    assert {(v.version) for _, _, versions in counted for v in versions} == {5}
+    assert sum(v.count for _, _, versions in counted for v in versions) == 4
+
+
+def test_no_request_waits_on_a_shard_the_ledger_says_has_left(sqlite_url, engines, serve):
+    """A request in flight on a shard the ledger records leaving ends within the poll that
+    saw it: re-sent once to a serving shard while nothing was answered, a JSON 503 naming
+    the shard and the seq where the client opted out, an event stream cut after an error
+    event. (The engines hold their requests, as a frozen engine does, until released at
+    the end.)"""
+    ledger = start_run(sqlite_url, [e.base_url for e in engines])
+    running = serve(sqlite_url)
+    create = running.client.with_options(timeout=30).completions.with_raw_response.create
+    engines[0].hold()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(create, model="tiny", prompt="p")
+        wait_until(lambda: engines[0].generations == 1, "the request to reach shard 0")
+        ledger.actor_died(0, "frozen, then condemned")
+        moved = held.result(timeout=30)
+    assert moved.headers["x-fleetledger-shard"] == "1"  # re-sent, answered by shard 1
+    assert (engines[0].generations, engines[1].generations) == (1, 1)
+    # Opted out: the client is told at once, with the shard and the seq.
+    engines[1].hold()
+    with ThreadPoolExecutor(1) as pool:
+        kept = pool.submit(
+            create, model="tiny", prompt="q", extra_headers={"x-fleetledger-resend": "never"}
+        )
+        wait_until(lambda: engines[1].generations == 2, "the request to reach shard 1")
+        ledger.actor_died(1, "frozen, then condemned")
+        with pytest.raises(openai.InternalServerError) as ended:
+            kept.result(timeout=30)
+    assert ended.value.status_code == 503
+    assert f"shard 1 left the fleet at seq {ledger.view.seq} (it is DEAD)" in str(ended.value)
+    assert engines[2].generations == 0  # not re-sent
+    # A stream already flowing is cut after an error event saying why.
+    engines[2].hold_midway()
+    lines: list[str] = []
+    body = {"model": "tiny", "prompt": "s", "max_tokens": 4, "stream": True}
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", f"{running.router.url}/completions", json=body) as streamed,
+    ):
+        with pytest.raises(httpx.RemoteProtocolError):  # cut: no final chunk
+            for line in streamed.iter_lines():
+                lines.append(line)
+                if len(lines) == 1:
+                    ledger.actor_died(2, "frozen, then condemned")
+    said = [line for line in lines if line]
+    assert said[0].startswith("data: {") and said[-1].startswith('data: {"error"')
+    assert f"shard 2 left the fleet at seq {ledger.view.seq}" in said[-1]
+    for engine in engines:
+        engine.release()
+    running.stop()
+    # The re-sent request is shard 1's success; those ended by the ledger count for nobody.
+    assert reported(sqlite_url) == {1: (1, Counter())}
 
 
 # ── the wire ─────────────────────────────────────────────────────────────────

@@ -33,6 +33,7 @@ from fleetledger.events.models import (
     FailureCount,
     OutcomeWindowReported,
     ShardOutcomes,
+    VersionCount,
 )
 from fleetledger.store.errors import AppendRejected
 from fleetledger.store.log import EventLog
@@ -43,6 +44,8 @@ __all__ = ["OutcomeReporter", "OutcomeWindow"]
 @dataclass
 class _ShardTally:
     successes: int = 0
+    versions: Counter[int] = field(default_factory=Counter)  # successes by attested version
+    partial: int = 0
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     examples: dict[tuple[str, str], str] = field(default_factory=dict)  # the first of each
 
@@ -66,12 +69,24 @@ class OutcomeWindow:
         self._lock = threading.Lock()
         self._tallies: dict[int, _ShardTally] = {}
 
-    def success(self, shard: int, count: int = 1) -> None:
+    def success(
+        self, shard: int, count: int = 1, *, version: int | None = None, partial: bool = False
+    ) -> None:
+        """Count ``count`` successes; ``version``: the weight version the engine attested
+        at their first token (None: nobody said — counted as unknown, never guessed),
+        ``partial``: the engine said its weights were partial."""
         _check_shard(shard)
         if count < 1:
             raise ValueError(f"shard {shard}: a success count must be >= 1, got {count}")
+        if version is not None and (isinstance(version, bool) or version < 0):
+            raise ValueError(f"shard {shard}: a weight version must be >= 0, got {version!r}")
         with self._lock:
-            self._tallies.setdefault(shard, _ShardTally()).successes += count
+            tally = self._tallies.setdefault(shard, _ShardTally())
+            tally.successes += count
+            if version is not None:
+                tally.versions[version] += count
+            if partial:
+                tally.partial += count
 
     def failure(
         self,
@@ -112,6 +127,10 @@ class OutcomeWindow:
             ShardOutcomes(
                 shard=shard,
                 successes=tally.successes,
+                versions=tuple(
+                    VersionCount(version=v, count=c) for v, c in sorted(tally.versions.items())
+                ),
+                partial=tally.partial,
                 failures=tuple(
                     FailureCount(
                         category=category,  # type: ignore[arg-type]
@@ -185,8 +204,10 @@ class OutcomeReporter:
         self._clock = time.monotonic
         self._setup()
 
-    def success(self, shard: int, count: int = 1) -> None:
-        self._window.success(shard, count)
+    def success(
+        self, shard: int, count: int = 1, *, version: int | None = None, partial: bool = False
+    ) -> None:
+        self._window.success(shard, count, version=version, partial=partial)
         self._flush_if_due()
 
     def failure(

@@ -440,8 +440,9 @@ class GenerationReports:
         self.adapter = adapter
         self.window = OutcomeWindow()
 
-    def success(self, shard: int) -> None:
-        self.window.success(shard)
+    def success(self, shard: int, *, version: int | None = None, partial: bool = False) -> None:
+        """Count a success; ``version``: the weight version the engine attested."""
+        self.window.success(shard, version=version, partial=partial)
 
     def failure(self, shard: int, exc: BaseException) -> None:
         try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Literal, NamedTuple
 
 import ray
 from ray.actor import ActorHandle
@@ -22,8 +22,8 @@ from fleetledger.shards.contract import (
     GenerationRequest,
     GenerationShard,
     RolloutDataFailure,
-    checked_weight_version,
 )
+from fleetledger.shards.held_weights import HeldWeights
 from fleetledger.shards.naming import ShardFactory, shard_actor_name
 from fleetledger.transports.ray_members import CommunicatorActor
 
@@ -33,6 +33,7 @@ __all__ = [
     "Fault",
     "SimulatedRefitShard",
     "SimulatedShard",
+    "Token",
     "simulated_shard_factory",
 ]
 
@@ -42,6 +43,14 @@ round gives up far earlier; this only keeps abandoned probes from piling up)."""
 
 Fault = Literal["none", "fail", "error", "hang"]
 FAULTS: tuple[Fault, ...] = ("none", "fail", "error", "hang")
+
+
+class Token(NamedTuple):
+    """One generated token: its text, and the weights it was generated from."""
+
+    text: str
+    version: int
+    partial: bool
 
 
 class SimulatedShard(GenerationShard):
@@ -70,7 +79,7 @@ class SimulatedShard(GenerationShard):
             raise ValueError(f"generation_s must be >= 0, got {generation_s}")
         self._index = index
         self._generation_s = generation_s
-        self._weight_version = weight_version
+        self._held = HeldWeights(index, weight_version)
         self._fault: Fault = "none"
         self._fault_left: int | None = None  # generations the fault still applies to
         self._served = 0
@@ -99,18 +108,24 @@ class SimulatedShard(GenerationShard):
 
         from fleetledger.engines.simulated_http import simulated_app  # aiohttp: HTTP only
 
-        runner = web.AppRunner(simulated_app(self._index, self.generate), access_log=None)
+        runner = web.AppRunner(simulated_app(self.generate, self.tokens), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
         return f"http://127.0.0.1:{port}/v1"
 
-    async def generate(self, request: GenerationRequest) -> Generation:
+    async def tokens(self, request: GenerationRequest) -> AsyncIterator[Token]:
+        """The generation, token by token (``generation_s`` spread over ``max_tokens``),
+        each stamped with the version held as it was generated: a refit that lands
+        mid-generation shows in the tokens after it, as on a real engine. Faults act
+        before the first token."""
         fault = self._take_fault()
         if fault == "hang":
             await asyncio.Event().wait()  # never set: the wedged engine
-        await asyncio.sleep(self._generation_s)
+        count = max(request.max_tokens, 1)
+        if fault != "none":
+            await asyncio.sleep(self._generation_s)
         if fault == "fail":
             raise ConnectionResetError(f"shard {self._index}: engine connection reset")
         if fault == "error":
@@ -123,19 +138,30 @@ class SimulatedShard(GenerationShard):
                 shard=self._index,
                 prompt_id=request.prompt_id,
             )
+        step = self._generation_s / count
+        said = f"{request.prompt} → shard {self._index}:"  # the first token's text says where
+        for _ in range(count):
+            await asyncio.sleep(step)
+            held = self._held
+            yield Token(f"{said} v{held.version}", held.version, held.partial)
+            said = ""
         self._served += 1
-        text = f"{request.prompt} → shard {self._index} @ v{self._weight_version}"
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        pieces = [token async for token in self.tokens(request)]
         return Generation(
             prompt_id=request.prompt_id,
             group_id=request.group_id,
             shard=self._index,
-            weight_version=self._weight_version,
-            text=text,
+            weight_version=pieces[0].version,
+            text="".join(p.text for p in pieces),
             tokens=request.max_tokens,
+            weight_version_end=pieces[-1].version,
+            weights_partial=any(p.partial for p in pieces),
         )
 
     async def weight_version(self) -> int:
-        return self._weight_version
+        return self._held.version
 
     async def base_url(self) -> str | None:
         """Its HTTP server's ``.../v1`` when it serves one, else the contract's default:
@@ -145,7 +171,10 @@ class SimulatedShard(GenerationShard):
         return await super().base_url()
 
     async def set_weight_version(self, version: int) -> int:
-        self._weight_version = checked_weight_version(self._index, self._weight_version, version)
+        """Told the refit completed: for this engine, whose weights arrive with the word
+        (no communicator), that is when its load completes."""
+        if version != self._held.version or self._held.partial:
+            self._held.load_completes(version)
         return version
 
     # ── the simulation's own controls ───────────────────────────────────────
@@ -243,10 +272,15 @@ class SimulatedRefitShard(SimulatedShard, CommunicatorActor):
         try:
             received = await super().refit_broadcast(version)
             self.refit_load_begins(version)
+            self._held.load_begins(version)
             self._enter("loading")
-            if self._reload_s:
-                await asyncio.sleep(self._reload_s)
-            await self.set_weight_version(version)  # it now serves from these weights
+            try:
+                if self._reload_s:
+                    await asyncio.sleep(self._reload_s)
+            except BaseException:
+                self._held.load_failed()
+                raise
+            self._held.load_completes(version)  # it now serves from these weights
         finally:
             self._enter("idle")
         return received

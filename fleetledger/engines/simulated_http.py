@@ -11,22 +11,26 @@ answers while ``/health`` still does.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from fleetledger.events.attestation import attestation_headers, end_comment
 from fleetledger.shards.contract import Generation, GenerationRequest, RolloutDataFailure
+
+if TYPE_CHECKING:
+    from fleetledger.engines.simulated import Token
 
 __all__ = ["MODEL_NAME", "simulated_app"]
 
 MODEL_NAME = "fleetledger-sim"
 
 Generate = Callable[[GenerationRequest], Awaitable[Generation]]
+Tokens = Callable[[GenerationRequest], AsyncIterator["Token"]]
 
 
 def _completion(kind: str, generation: Generation, *, chunk: bool) -> dict[str, Any]:
@@ -63,8 +67,37 @@ def _prompt_of(kind: str, body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
-def simulated_app(shard: int, generate: Generate) -> web.Application:
-    """The routes, answered by ``generate`` (the shard's own generation)."""
+async def _stream(
+    request: web.Request, kind: str, gen_request: GenerationRequest, tokens: Tokens
+) -> web.StreamResponse:
+    """An event stream, one event per token as the engine generates it. The head leaves
+    with the first token, stamped with the version it came from; the last line before
+    ``[DONE]`` names the version of the last (a refit may land in between). A fault
+    raises before the first token, while an error status can still be sent."""
+    stream = aiter(tokens(gen_request))
+    first = await anext(stream)
+    headers = {"Content-Type": "text/event-stream"}
+    headers.update(attestation_headers(first.version, None, first.partial))
+    response = web.StreamResponse(headers=headers)
+    await response.prepare(request)
+    last = first
+    token: Token | None = first
+    while token is not None:
+        piece = Generation(gen_request.prompt_id, gen_request.group_id, 0, 0, token.text, 1)
+        payload = json.dumps(_completion(kind, piece, chunk=True))
+        await response.write(f"data: {payload}\n\n".encode())
+        last = token
+        token = await anext(stream, None)
+    await response.write(end_comment(last.version))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def simulated_app(generate: Generate, tokens: Tokens) -> web.Application:
+    """The routes, answered by ``generate`` (the shard's own generation) and ``tokens``
+    (the same, token by token, for streams). Every answer carries the engine's
+    attestation of its weights (``fleetledger.events.attestation``)."""
 
     async def models(_request: web.Request) -> web.Response:
         model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "fleetledger"}
@@ -92,6 +125,8 @@ def simulated_app(shard: int, generate: Generate) -> web.Application:
                 max_tokens=max_tokens,
             )
             try:
+                if body.get("stream"):
+                    return await _stream(request, kind, gen_request, tokens)
                 generation = await generate(gen_request)
             except RolloutDataFailure as exc:
                 return web.json_response(
@@ -104,16 +139,12 @@ def simulated_app(shard: int, generate: Generate) -> web.Application:
                 if request.transport is not None:
                     request.transport.abort()
                 raise
-            if not body.get("stream"):
-                return web.json_response(_completion(kind, generation, chunk=False))
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            payload = json.dumps(_completion(kind, generation, chunk=True))
-            await response.write(f"data: {payload}\n\n".encode())
-            await asyncio.sleep(0)
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-            return response
+            attested = attestation_headers(
+                generation.weight_version, generation.version_end, generation.weights_partial
+            )
+            return web.json_response(
+                _completion(kind, generation, chunk=False), headers=dict(attested)
+            )
 
         return handle
 
@@ -123,5 +154,4 @@ def simulated_app(shard: int, generate: Generate) -> web.Application:
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/completions", completions("text"))
     app.router.add_post("/v1/chat/completions", completions("chat"))
-    app["shard"] = shard
     return app

@@ -35,6 +35,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from fleetledger.engines.attesting_asgi import AttestingApp
 from fleetledger.engines.models import cache_dir
 from fleetledger.shards.contract import (
     EngineDead,
@@ -51,6 +53,7 @@ from fleetledger.shards.contract import (
     RolloutDataFailure,
     checked_weight_version,
 )
+from fleetledger.shards.held_weights import HeldWeights
 from fleetledger.shards.naming import ShardFactory, shard_actor_name
 from fleetledger.shards.reaping import children_of_this_process
 from fleetledger.transports.gloo_rank import PeerLost
@@ -178,7 +181,7 @@ class VllmShard(CommunicatorActor, GenerationShard):
         self._index = index
         self._spec = spec
         self._dir = os.environ.get("TMPDIR") or spec.run_dir
-        self._weight_version = 0
+        self._held = HeldWeights(index)
         self._engine: Any = None
         self._server: Any = None
         self._server_task: asyncio.Task[None] | None = None
@@ -268,7 +271,8 @@ class VllmShard(CommunicatorActor, GenerationShard):
         supported = await engine.get_supported_tasks()
         app = build_app(args, supported, engine.model_config)
         await init_app_state(engine, app.state, args, supported)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        attesting = AttestingApp(app, self._held)  # every answer names its weights
+        config = uvicorn.Config(attesting, log_level="warning", access_log=False, lifespan="on")
         self._server = server = uvicorn.Server(config)
         app.state.server = server
         self._server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -334,17 +338,25 @@ class VllmShard(CommunicatorActor, GenerationShard):
         engine = await self._running_engine()
         params = SamplingParams(max_tokens=request.max_tokens, temperature=self._spec.temperature)
         request_id = f"{request.group_id}-{request.prompt_id}-{uuid.uuid4().hex[:8]}"
-        version = self._weight_version
-        output = await self._final(engine, request.prompt, params, request_id)
+        held = self._held
+        first: list[int] = []  # the version held as the first output came
+
+        def note_first() -> None:
+            if not first:
+                first.append(held.version)
+
+        output = await self._final(engine, request.prompt, params, request_id, note_first)
         completion = output.outputs[0]
         self._served += 1
         return Generation(
             prompt_id=request.prompt_id,
             group_id=request.group_id,
             shard=self._index,
-            weight_version=version,
+            weight_version=first[0],
             text=completion.text,
             tokens=len(completion.token_ids),
+            weight_version_end=held.version,
+            weights_partial=held.partial,
         )
 
     async def score(self, prompt_token_ids: list[int], max_tokens: int) -> dict[str, list[Any]]:
@@ -368,10 +380,18 @@ class VllmShard(CommunicatorActor, GenerationShard):
         return {
             "token_ids": token_ids,
             "logprobs": logprobs,
-            "weight_version": self._weight_version,
+            "weight_version": self._held.version,
         }
 
-    async def _final(self, engine: Any, prompt: Any, params: Any, request_id: str) -> Any:
+    async def _final(
+        self,
+        engine: Any,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        each: Callable[[], object] | None = None,
+    ) -> Any:
+        """The request's last output (``each``: called as every output comes)."""
         from vllm.exceptions import VLLMValidationError
         from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -380,6 +400,8 @@ class VllmShard(CommunicatorActor, GenerationShard):
         try:
             async for output in engine.generate(prompt, params, request_id):
                 final = output
+                if each is not None:
+                    each()
         except EngineDeadError as exc:
             raise EngineDead(
                 f"shard {self._index}: the vLLM {engine_core_fate(engine)} died during a "
@@ -400,10 +422,12 @@ class VllmShard(CommunicatorActor, GenerationShard):
         return final
 
     async def weight_version(self) -> int:
-        return self._weight_version
+        return self._held.version
 
     async def set_weight_version(self, version: int) -> int:
-        self._weight_version = checked_weight_version(self._index, self._weight_version, version)
+        """Told the refit completed: the load that completed set the version already;
+        an older version is refused (``checked_weight_version``)."""
+        checked_weight_version(self._index, self._held.version, version)
         return version
 
     async def base_url(self) -> str:
@@ -434,7 +458,6 @@ class VllmShard(CommunicatorActor, GenerationShard):
         finally:
             self._refit_stage = "idle"
         loaded_at = time.monotonic()
-        self._weight_version = version
         self._last_refit = received | {
             "receive_s": reload_at - received_at,
             "reload_s": loaded_at - reload_at,
@@ -459,12 +482,20 @@ class VllmShard(CommunicatorActor, GenerationShard):
             await asyncio.to_thread(self._write_weights, path)
             await engine.pause_generation(mode="keep", clear_cache=False)
             try:
-                await engine.collective_rpc("fleetledger_reload", args=(path,))
-                # KV computed by the old weights — cached prefixes, and the kept
-                # requests' own — would be served as if the new weights had made it:
-                # every request is preempted and recomputed, every cached block dropped.
-                if not await engine.reset_prefix_cache(reset_running_requests=True):
-                    raise RuntimeError(f"shard {self._index}: the prefix cache was not reset")
+                self._held.load_begins(version)  # a cut from here leaves them partial
+                try:
+                    await engine.collective_rpc("fleetledger_reload", args=(path,))
+                    # KV computed by the old weights — cached prefixes, and the kept
+                    # requests' own — would be served as if the new weights had made it:
+                    # every request is preempted and recomputed, every cached block dropped.
+                    if not await engine.reset_prefix_cache(reset_running_requests=True):
+                        raise RuntimeError(f"shard {self._index}: the prefix cache was not reset")
+                    # Set while generation is still paused: every token after the resume
+                    # comes from these weights, and none before it did.
+                    self._held.load_completes(version)
+                except BaseException:
+                    self._held.load_failed()
+                    raise
             finally:
                 await engine.resume_generation()
         finally:

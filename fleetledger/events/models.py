@@ -400,18 +400,57 @@ class FailureCount(BaseModel):
         return _leave_out_at_default(self, handler, {"example": ""})
 
 
+class VersionCount(BaseModel):
+    """Successes of one window generated from one weight version, as the engine attested
+    it at each answer's first token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: WeightVersion
+    count: int = Field(ge=1)
+
+
 class ShardOutcomes(BaseModel):
-    """What one adapter saw from one shard during one window."""
+    """What one adapter saw from one shard during one window.
+
+    ``versions``: the successes by the weight version the engine attested (its first
+    token's); successes not among them were not attested (a foreign engine, or a row
+    written before the field: left out then) — unknown, never guessed. ``partial``: the
+    successes the engine attested as generated from partial weights.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     shard: ShardIndex
     successes: int = Field(default=0, ge=0)
     failures: tuple[FailureCount, ...] = ()
+    versions: tuple[VersionCount, ...] = ()
+    partial: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _attested_within_successes(self) -> ShardOutcomes:
+        attested = sum(v.count for v in self.versions)
+        if attested > self.successes or self.partial > self.successes:
+            raise ValueError(
+                f"shard {self.shard}: {attested} successes by version and {self.partial} on "
+                f"partial weights, of {self.successes} successes"
+            )
+        if len({v.version for v in self.versions}) != len(self.versions):
+            raise ValueError(f"shard {self.shard}: versions name a version more than once")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _leave_out_at_default(self, handler, {"versions": (), "partial": 0})
 
     @property
     def infra_failures(self) -> int:
         return sum(f.count for f in self.failures if f.category == "infra")
+
+    @property
+    def unattested(self) -> int:
+        """Successes whose weights nobody attested."""
+        return self.successes - sum(v.count for v in self.versions)
 
 
 class OutcomeWindowReported(Event):

@@ -55,7 +55,7 @@ from fleetledger.router.front import Front, Inbound
 from fleetledger.router.listen import bind_listening, reserve_port
 from fleetledger.router.loops import event_loop_runner
 from fleetledger.router.metrics import RouterMetrics
-from fleetledger.router.proxy import Forwarded, answer, error_answer, forward
+from fleetledger.router.proxy import Exchange, Forwarded, answer, error_answer, forward
 from fleetledger.router.routing_table import (
     Avoidance,
     Backend,
@@ -159,6 +159,8 @@ class Router:
         self.avoidance = Avoidance()
         self._table = table
         self._in_flight = InFlight()
+        # Per shard, the exchanges in flight on it and the base URL each went to.
+        self._exchanges: dict[int, dict[Exchange, str]] = {}
         self._note_routable()
         self._origins: dict[str, Origin] = {}
         self._pool = BackendPool(self.config.connect_bound_s)
@@ -285,6 +287,7 @@ class Router:
 
     def _apply(self, table: RoutingTable) -> None:
         self._table = table
+        self._end_where_shards_left(table)
         for shard in self.avoidance.lift(table):
             _log.info(
                 "backend routable again: the ledger named it after its failure",
@@ -293,6 +296,20 @@ class Router:
                 seq=table.seq,
             )
         self._note_routable()
+
+    def _end_where_shards_left(self, table: RoutingTable) -> None:
+        """No client waits on a shard the ledger says has left (DEAD, condemned,
+        RESTARTING, weights partial): its requests in flight end within the poll that
+        saw it — re-sent elsewhere where nothing was answered yet, else cut, saying why.
+        Story: a request on a SIGSTOPped shard was still unanswered after the client's
+        10 s timeout although the ledger had the shard DEAD 1.8 s after the freeze."""
+        for shard, exchanges in self._exchanges.items():
+            for exchange, base_url in list(exchanges.items()):
+                why = table.left(shard, base_url)
+                if why is not None:
+                    self.metrics.ended_by_ledger.inc()
+                    _log.info("request ended: its shard left", run=self.run, why=why)
+                    exchange.leave(why)
 
     def _note_routable(self) -> None:
         self.metrics.serving_backends.set(len(self.routable))
@@ -326,6 +343,8 @@ class Router:
     def _account(self, backend: Backend, done: Forwarded) -> None:
         if done.client_gone and done.error is None:
             return  # a client that went away is not the shard's failure
+        if done.left:
+            return  # ended because the ledger says its shard left: it knows already
         shard = backend.shard
         if done.error is not None:
             self.metrics.backend_errors.labels(shard=str(shard)).inc()
@@ -347,7 +366,7 @@ class Router:
         elif done.status is not None and done.status >= 400:
             self.reporter.failure(shard, status=done.status, detail=done.detail)
         elif done.status is not None:
-            self.reporter.success(shard)
+            self.reporter.success(shard, version=done.attested, partial=done.partial)
 
     # ── the handler ─────────────────────────────────────────────────────────
 
@@ -379,15 +398,40 @@ class Router:
             )
             return
         arrived = time.monotonic()
-        table = self._table
-        shard = self._in_flight.take(table.candidates(self.avoidance.avoided))
-        if shard is None:
-            self._no_healthy(front, inbound, path, table)
-            return
-        backend = table.backends[shard]
-        base_url = backend.base_url
+        resends_left = 1  # a request whose shard left before answering goes elsewhere once
+        left = ""
+        while True:
+            table = self._table
+            shard = self._in_flight.take(table.candidates(self.avoidance.avoided))
+            if shard is None:
+                self._no_healthy(front, inbound, path, table, left)
+                return
+            backend = table.backends[shard]
+            done = await self._forward(front, inbound, backend, resends_left > 0)
+            self._account(backend, done)
+            if not done.resend:
+                break
+            resends_left, left = resends_left - 1, done.left
+            self.metrics.resent.inc()
+        self.metrics.count(route=path, status=_status_label(done))
+        if done.first_byte_at is not None:
+            self.metrics.added_latency.observe(
+                max(0.0, done.first_byte_at - arrived - done.backend_wait_s)
+            )
+
+    async def _forward(
+        self, front: Front, inbound: Inbound, backend: Backend, may_resend: bool
+    ) -> Forwarded:
+        shard, base_url = backend.shard, backend.base_url
+        exchanges = self._exchanges.setdefault(shard, {})
+        held: list[Exchange] = []
+
+        def started(exchange: Exchange) -> None:
+            held.append(exchange)
+            exchanges[exchange] = base_url
+
         try:
-            done = await forward(
+            return await forward(
                 front,
                 inbound,
                 self._pool,
@@ -396,15 +440,13 @@ class Router:
                 bound_s=self.config.backend_bound_s,
                 version_at=backend.weight_version,
                 version_now=lambda: self._table.weight_version_of(shard, base_url),
+                may_resend=may_resend,
+                started=started,
             )
         finally:
             self._in_flight.release(shard)
-        self._account(backend, done)
-        self.metrics.count(route=path, status=_status_label(done))
-        if done.first_byte_at is not None:
-            self.metrics.added_latency.observe(
-                max(0.0, done.first_byte_at - arrived - done.backend_wait_s)
-            )
+            for exchange in held:
+                exchanges.pop(exchange, None)
 
     def _origin(self, backend: Backend) -> Origin:
         # A candidate is routable, so its origin is an HTTP(S) URL (tested rule).
@@ -414,7 +456,11 @@ class Router:
             dial = self._origins[origin] = Origin(origin)
         return dial
 
-    def _no_healthy(self, front: Front, inbound: Inbound, path: str, table: RoutingTable) -> None:
+    def _no_healthy(
+        self, front: Front, inbound: Inbound, path: str, table: RoutingTable, left: str = ""
+    ) -> None:
+        """The no-healthy status, saying why (``left``: the request was on its way to be
+        re-sent after its shard left, which it says)."""
         status = self.config.no_healthy_status
         self.metrics.no_healthy.inc()
         self.metrics.count(route=path, status=str(status))
@@ -433,7 +479,8 @@ class Router:
             inbound,
             status,
             "no_healthy_shards",
-            f"no healthy shards: no serving backend for {why}",
+            f"no healthy shards: no serving backend for {why}"
+            + (f"; the request was re-sent after {left}" if left else ""),
         )
 
 

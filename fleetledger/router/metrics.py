@@ -49,6 +49,16 @@ class RouterMetrics:
             "Requests answered with the no-healthy status (no routable backend).",
             registry=self.registry,
         )
+        self.ended_by_ledger = Counter(
+            "fleetledger_router_ended_by_ledger",
+            "Requests in flight ended because the ledger said their shard left the fleet.",
+            registry=self.registry,
+        )
+        self.resent = Counter(
+            "fleetledger_router_resent",
+            "Requests re-sent to another shard after theirs left before answering.",
+            registry=self.registry,
+        )
         self.backend_errors = Counter(
             "fleetledger_router_backend_errors",
             "Backend timeouts and connection errors, by shard.",

@@ -24,12 +24,13 @@ Rules of this file, and why:
 - **A client that goes away is nobody's failure**: it is told apart from a backend
   failure (which side failed) and not counted against the shard; the backend's
   connection is dropped, so an engine stops generating what nobody will read.
-- **The weights behind every answer** (``x-fleetledger-weight-version``): the shard's
-  weight version in the ledger when the request was routed; when the version has moved
-  by the time the answer's head is written, ``x-fleetledger-weight-version-end`` carries
-  the new one; when it moves while an event stream is still flowing, the stream ends
-  with an SSE comment line ``: x-fleetledger-weight-version-end N`` (a line every SSE
-  parser skips, the ``openai`` client's included) before its last chunk.
+- **The weights behind every answer are the engine's word.** An engine that attests
+  (``fleetledger.events.attestation``: every engine of fleetledger's does) stamps its
+  answer with the version at its first token and at its last; the router passes that
+  on untouched and counts the answer under it. Only where the engine says nothing (a
+  foreign engine) does the router put its own view of the ledger in its place — the
+  shard's version when the request was routed, ``-end`` where it moved by the head or
+  by the stream's end — and says so: ``x-fleetledger-weight-version-source: ledger``.
 """
 
 from __future__ import annotations
@@ -42,13 +43,21 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import NamedTuple
 
+from fleetledger.events.attestation import (
+    VERSION_SOURCE_HEADER,
+    WEIGHT_VERSION_END_HEADER,
+    WEIGHT_VERSION_HEADER,
+    WEIGHTS_HEADER,
+)
 from fleetledger.router.backends import BackendConnection, BackendPool, Headers, Origin
 from fleetledger.router.front import Front, Inbound
 
 __all__ = [
+    "RESEND_HEADER",
     "SHARD_HEADER",
     "WEIGHT_VERSION_END_HEADER",
     "WEIGHT_VERSION_HEADER",
+    "Exchange",
     "Forwarded",
     "answer",
     "error_answer",
@@ -58,10 +67,12 @@ __all__ = [
 
 SHARD_HEADER = "x-fleetledger-shard"
 """The response header naming the shard that answered (added to the backend's own)."""
-WEIGHT_VERSION_HEADER = "x-fleetledger-weight-version"
-"""The shard's weight version in the ledger when the request was routed."""
-WEIGHT_VERSION_END_HEADER = "x-fleetledger-weight-version-end"
-"""The shard's weight version when the answer ended, where it differs from the start's."""
+RESEND_HEADER = b"x-fleetledger-resend"
+"""A request header: ``never`` keeps a request off every shard but the first (a re-sent
+generation is generated twice where the first engine had begun)."""
+_ATTESTED = WEIGHT_VERSION_HEADER.encode()
+_WEIGHTS = WEIGHTS_HEADER.encode()
+_FROM_LEDGER = b"%s: ledger\r\n" % VERSION_SOURCE_HEADER.encode()
 
 _DETAIL_BYTES = 4096  # of an error body, kept for the taxonomy (e.g. "maximum context length")
 
@@ -83,12 +94,15 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 
 
 class ReadHead(NamedTuple):
-    """A message's headers, read once: the lines to forward and the body's framing."""
+    """A message's headers, read once: the lines to forward, the body's framing, and
+    the version the engine attests at the answer's first token (None: it said none)."""
 
     lines: list[bytes]  # ``b"Name: value\r\n"``, what is passed on
     chunked: bool
     has_length: bool
     event_stream: bool
+    attested: int | None = None
+    partial: bool = False  # the engine said its weights were partial
 
 
 def read_head(headers: Headers) -> ReadHead:
@@ -99,6 +113,8 @@ def read_head(headers: Headers) -> ReadHead:
     lowered = [name.lower() for name, _ in headers]
     drop = _NOT_FORWARDED
     chunked = has_length = event_stream = False
+    attested: int | None = None
+    partial = False
     for low, (_, value) in zip(lowered, headers, strict=True):
         if low == b"connection":
             drop = drop | {t.strip().lower() for t in value.split(b",") if t.strip()}
@@ -108,12 +124,16 @@ def read_head(headers: Headers) -> ReadHead:
             has_length = True
         elif low == b"content-type":
             event_stream = value.startswith(b"text/event-stream")
+        elif low == _ATTESTED and value.strip().isdigit():
+            attested = int(value)
+        elif low == _WEIGHTS:
+            partial = value.strip() == b"partial"
     if chunked or not has_length:
         drop = drop | {b"content-length"}
     lines = [
         b"%s: %s\r\n" % pair for low, pair in zip(lowered, headers, strict=True) if low not in drop
     ]
-    return ReadHead(lines, chunked, has_length, event_stream)
+    return ReadHead(lines, chunked, has_length, event_stream, attested, partial)
 
 
 def _discard(_chunk: bytes) -> None:
@@ -151,12 +171,24 @@ def answer(
     )
 
 
+def _error_body(status: int, kind: str, message: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
 def error_answer(
     front: Front, inbound: Inbound, status: int, kind: str, message: str, extra: bytes = b""
 ) -> None:
     """An answer of the router's own, in the OpenAI error shape clients parse."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    answer(front, inbound, status, json.dumps(body).encode(), extra=extra)
+    answer(front, inbound, status, _error_body(status, kind, message), extra=extra)
+
+
+def _opted_out(inbound: Inbound) -> bool:
+    """Whether the client asked never to have its request re-sent to another shard
+    (``x-fleetledger-resend: never``): read only when a re-send is due."""
+    return any(
+        name.lower() == RESEND_HEADER and value.strip().lower() == b"never"
+        for name, value in inbound.headers
+    )
 
 
 @dataclass(slots=True)
@@ -170,14 +202,19 @@ class Forwarded:
     backend_wait_s: float = 0.0  # from sending the request to the backend's head
     first_byte_at: float | None = None  # monotonic time the client's answer started
     answered: int = 0  # the status the client was given (0: none, the connection was cut)
+    attested: int | None = None  # the version the engine attested at the first token
+    partial: bool = False  # ... and said its weights were partial
+    left: str = ""  # why the router ended it: the ledger says its shard left the fleet
+    resend: bool = False  # ended before any answer byte: send it to a serving shard
 
 
-class _Exchange:
+class Exchange:
     """One request in flight to one backend: the listener of the backend connection
     (``head``, ``body``, ``end``, ``failed``) and of the client's (``client_lost``,
     ``client_writable``). Resolves ``done`` once, with what happened."""
 
     __slots__ = (
+        "_body",
         "_chunked_out",
         "_detail",
         "_event_stream",
@@ -188,6 +225,7 @@ class _Exchange:
         "done",
         "front",
         "inbound",
+        "may_resend",
         "outcome",
         "shard",
         "timer",
@@ -219,6 +257,10 @@ class _Exchange:
         self._held_for_client = False  # the backend's socket paused: the client is slow
         self._request_whole = not (inbound.has_body or inbound.chunked)
         self._sent_at = time.monotonic()
+        # The body as sent, kept to re-send it (not a chunked upload: re-framing it is
+        # not worth a rare re-send).
+        self._body: list[bytes] | None = None if inbound.chunked else []
+        self.may_resend = False
 
     @property
     def request_whole(self) -> bool:
@@ -240,11 +282,10 @@ class _Exchange:
         keep_length = read.has_length and not read.chunked
         lines = read.lines
         lines.append(b"%s: %d\r\n" % (SHARD_HEADER.encode(), self.shard))
-        lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_HEADER.encode(), self.version_at))
-        now_version = self.version_now()
-        if now_version is not None and now_version != self.version_at:
-            lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_END_HEADER.encode(), now_version))
-            self.version_at = now_version  # the stream's comment names a later move only
+        outcome.attested = read.attested
+        outcome.partial = read.partial
+        if read.attested is None:  # a foreign engine: the ledger's view, said as such
+            self._ledger_versions(lines)
         bodyless = status in _NO_BODY_STATUSES or 100 <= status < 200
         keep_client = self.inbound.keep_alive
         if not keep_length and not bodyless:
@@ -262,6 +303,14 @@ class _Exchange:
         outcome.first_byte_at = time.monotonic()
         front.on_writable = self.client_writable
         front.on_lost = self.client_lost
+
+    def _ledger_versions(self, lines: list[bytes]) -> None:
+        lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_HEADER.encode(), self.version_at))
+        lines.append(_FROM_LEDGER)
+        now_version = self.version_now()
+        if now_version is not None and now_version != self.version_at:
+            lines.append(b"%s: %d\r\n" % (WEIGHT_VERSION_END_HEADER.encode(), now_version))
+            self.version_at = now_version  # the stream's comment names a later move only
 
     def body(self, chunk: bytes) -> None:
         outcome = self.outcome
@@ -281,7 +330,7 @@ class _Exchange:
     def end(self) -> None:
         if self._chunked_out:
             tail = b"0\r\n\r\n"
-            if self._event_stream:
+            if self._event_stream and self.outcome.attested is None:
                 moved = self.version_now()
                 if moved is not None and moved != self.version_at:
                     comment = b": %s %d\n\n" % (WEIGHT_VERSION_END_HEADER.encode(), moved)
@@ -334,6 +383,38 @@ class _Exchange:
         self.outcome.client_gone = True
         self._finish()
 
+    def leave(self, why: str) -> None:
+        """The ledger says this exchange's shard left the fleet: end it now, never wait on
+        the shard. Nothing answered yet: re-sent to a serving shard where it may be
+        (``Forwarded.resend``), else a JSON 503 saying ``why``. An answer already
+        flowing is cut — an event stream after an error event saying ``why`` — so a
+        truncated body never passes for a complete one."""
+        if self.done.done():
+            return
+        self.conn.abort()
+        outcome = self.outcome
+        outcome.left = why
+        front = self.front
+        if outcome.first_byte_at is not None:
+            if self._event_stream and self._chunked_out:
+                event = b"data: %s\n\n" % _error_body(503, "shard_left", why)
+                front.write(b"%x\r\n%s\r\n" % (len(event), event))
+            outcome.answered = 0
+            front.abort()
+        elif self.inbound.failed or front.closed:
+            outcome.client_gone = True
+        elif self.may_resend and self._resendable() and not _opted_out(self.inbound):
+            self.inbound.chunks = self._body  # the next forward sends it again
+            self.inbound.expect_continue = False  # the client was told to go on once
+            outcome.resend = True
+        else:
+            error_answer(front, self.inbound, 503, "shard_left", why)
+            outcome.answered = 503
+        self._finish()
+
+    def _resendable(self) -> bool:
+        return self._body is not None and self._request_whole
+
     def client_writable(self) -> None:
         self._held_for_client = False
         self.conn.resume_reading()
@@ -361,6 +442,8 @@ class _Exchange:
     # ── the client's body, onwards ──────────────────────────────────────────
 
     def send_body(self, chunk: bytes) -> None:
+        if self._body is not None:
+            self._body.append(chunk)
         self.conn.write(chunk)
         self._hold_client_while_backend_full()
 
@@ -398,9 +481,13 @@ async def forward(
     bound_s: float,
     version_at: int,
     version_now: Callable[[], int | None],
+    may_resend: bool = False,
+    started: Callable[[Exchange], None] | None = None,
 ) -> Forwarded:
     """Send ``inbound`` to the backend at ``origin`` and stream its answer back to the
-    client; returns what happened once the exchange is over."""
+    client; returns what happened once the exchange is over. ``started``: told the
+    exchange once it is under way (the router ends it with :meth:`Exchange.leave` when
+    its shard leaves the fleet); ``may_resend``: it may then be re-sent elsewhere."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
     if inbound.expect_continue:
@@ -418,7 +505,10 @@ async def forward(
         )
         error_answer(front, inbound, 500, "backend_error", message)
         return Forwarded(error=exc, answered=500)
-    exchange = _Exchange(front, inbound, conn, shard, version_at, version_now)
+    exchange = Exchange(front, inbound, conn, shard, version_at, version_now)
+    exchange.may_resend = may_resend
+    if started is not None:
+        started(exchange)
     front.on_lost = exchange.client_lost
     if front.closed:
         exchange.client_lost()
@@ -441,7 +531,7 @@ async def forward(
         # send.
         exchange._request_whole = True
         conn.send(exchange, b"".join((head, *inbound.chunks)))
-        inbound.chunks = []
+        exchange._body, inbound.chunks = inbound.chunks, []
     else:
         conn.send(exchange, head)
     if (inbound.has_body or chunked_in) and not (inbound.complete and not chunked_in):

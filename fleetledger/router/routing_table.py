@@ -67,6 +67,7 @@ class Backend:
     origin: str | None  # None: not an HTTP(S) URL, never routed to
     serving: bool
     weight_version: int = 0  # the trainer's version at the shard's last completed refit
+    state: str = "HEALTHY"  # the shard's state's name, said when it leaves
 
     @property
     def routable(self) -> bool:
@@ -87,6 +88,19 @@ class RoutingTable:
 
     def url_of(self, shard: int) -> str:
         return self.backends[shard].base_url
+
+    def left(self, shard: int, base_url: str) -> str | None:
+        """Why a request in flight on ``shard`` at ``base_url`` must end now — the ledger
+        says the shard left the fleet (it no longer serves, or another engine holds its
+        place) — or None while it serves."""
+        backend = self.backends[shard]
+        if backend.base_url != base_url:
+            why = "another engine took its place"
+        elif not backend.serving:
+            why = f"it is {backend.state}"
+        else:
+            return None
+        return f"shard {shard} left the fleet at seq {self.named_at[shard]} ({why})"
 
     def weight_version_of(self, shard: int, base_url: str) -> int | None:
         """The shard's weight version now, or ``None`` when its base URL is no longer
@@ -169,7 +183,12 @@ class RoutingTableFollower:
                 )
             backends.append(
                 Backend(
-                    record.index, record.base_url, origin, record.serving, record.weight_version
+                    record.index,
+                    record.base_url,
+                    origin,
+                    record.serving,
+                    record.weight_version,
+                    record.state.name,
                 )
             )
         ended = None

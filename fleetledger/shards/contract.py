@@ -122,7 +122,12 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class Generation:
-    """A completed generation, stamped with the shard and the weights that produced it."""
+    """A completed generation, stamped with the shard and the weights that produced it,
+    as the engine attests them: ``weight_version`` at its first token,
+    ``weight_version_end`` at its last (they differ when a refit landed mid-generation;
+    None: the engine did not say, read it as the start's), ``weights_partial`` where
+    the engine served from weights a cut load left partial. ``-1``: nobody said which
+    weights (an answer over HTTP from an engine that does not attest)."""
 
     prompt_id: str
     group_id: str
@@ -130,6 +135,13 @@ class Generation:
     weight_version: int
     text: str
     tokens: int
+    weight_version_end: int | None = None
+    weights_partial: bool = False
+
+    @property
+    def version_end(self) -> int:
+        """The version at the last token (the start's where the engine did not say)."""
+        return self.weight_version if self.weight_version_end is None else self.weight_version_end
 
 
 class GenerationShard(ABC):

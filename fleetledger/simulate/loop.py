@@ -91,7 +91,9 @@ class Simulation:
             # is dropped by the ledger, a ledger hiccup is logged (never raised here).
             self.reports.failure(attempt.shard, exc)
             raise
-        self.reports.success(attempt.shard)
+        self.reports.success(
+            attempt.shard, version=result.weight_version, partial=result.weights_partial
+        )
         return result
 
     async def group(self, step: int, index: int) -> list[float]:

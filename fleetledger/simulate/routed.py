@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from ray.actor import ActorHandle
 
 from fleetledger.adapters.least_outstanding import InFlight
+from fleetledger.events.attestation import read_attestation
 from fleetledger.shards.contract import Generation, GenerationRequest
 
 __all__ = ["ROUTED", "SHARD_HEADER", "RoutedRollouts"]
@@ -74,13 +75,17 @@ class RoutedRollouts:
         )
         completion = raw.parse()
         shard = raw.headers.get(SHARD_HEADER)
+        attested = read_attestation(raw.headers)
         return Generation(
             prompt_id=request.prompt_id,
             group_id=request.group_id,
             shard=int(shard) if shard is not None and shard.isdigit() else ROUTED,
-            weight_version=-1,  # not told over HTTP
+            # The engine's word, passed on by the router (-1: nobody said).
+            weight_version=-1 if attested is None else attested.start,
             text=completion.choices[0].text,
             tokens=completion.usage.completion_tokens if completion.usage else 0,
+            weight_version_end=None if attested is None else attested.end,
+            weights_partial=attested is not None and attested.partial,
         )
 
     async def flush_outcomes(self) -> int | None:

@@ -83,6 +83,23 @@ def simulation_config(
     )
 
 
+def routed_config(config: ControllerConfig) -> ControllerConfig:
+    """``config`` with its router enabled, as ``--router`` runs it: the bound on one
+    backend call inside the rollout's innermost deadline (the configuration's own rule),
+    so the router gives up on an engine before the rollout gives up on the router."""
+    data = config.model_dump(mode="json", exclude_unset=True)
+    router = data.setdefault("router", {})
+    router["enabled"] = True
+    timeouts = config.timeouts
+    deadline = next(
+        (d for d in (timeouts.generation_timeout_s, timeouts.rollout_timeout_s) if d is not None),
+        None,
+    )
+    if deadline is not None and config.router.backend_bound_s > deadline:
+        router["backend_timeout_s"] = deadline
+    return ControllerConfig.model_validate(data)
+
+
 @dataclass(frozen=True)
 class SimulationSpec:
     shards: int = 4
@@ -132,6 +149,10 @@ class SimulationSpec:
                 )
             if not self.await_restarts_s > 0:
                 raise ValueError(f"--await-restarts {self.await_restarts_s:g}: must be > 0 seconds")
+        if self.router and not self.config.router.enabled:
+            # The run records the router it really runs (its run_started said "no
+            # router", and a 300 s backend bound under a 5 s generation deadline).
+            object.__setattr__(self, "config", routed_config(self.config))
         for name in ("shards", "steps", "groups_per_step", "group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
