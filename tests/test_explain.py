@@ -471,7 +471,7 @@ def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
         "kind", "run", "seq", "at_us", "at", "started_at_us", "started_at", "summary", "ended",
         "why", "findings", "progress", "stalls", "open_refit", "last_completed_refit",
         "not_healthy", "epoch", "serving", "absent", "suspected", "trainer_weight_version",
-        "layout", "causes",
+        "layout", "causes", "served",
     }  # fmt: skip
     assert (run["started_at_us"], run["started_at"]) == (T0_US, iso_at(T0_US))
     assert run["ended"] == {

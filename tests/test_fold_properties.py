@@ -48,6 +48,7 @@ from fleetledger.events.models import (
     ShardRetired,
     SilentParticipantCondemned,
     StallDetected,
+    VersionCount,
     WeightsMarkedPartial,
 )
 from fleetledger.projections.fleet_view import (
@@ -127,14 +128,30 @@ _failures = st.builds(
 )
 
 
+@st.composite
+def _attested(draw: st.DrawFn, shard: int) -> ShardOutcomes:
+    """A shard's outcomes, some successes attested by version (and some partial)."""
+    successes = draw(st.integers(0, 6))
+    versions = draw(st.lists(st.integers(0, 30), unique=True, max_size=3))
+    counts, left = [], draw(st.integers(0, successes))
+    for _ in versions:
+        take = draw(st.integers(0, left))
+        counts.append(take)
+        left -= take
+    return ShardOutcomes(
+        shard=shard,
+        successes=successes,
+        failures=tuple(draw(st.lists(_failures, max_size=3))),
+        versions=tuple(
+            VersionCount(version=v, count=c) for v, c in zip(versions, counts, strict=True) if c
+        ),
+        partial=draw(st.integers(0, successes)),
+    )
+
+
 @functools.cache
 def _outcome(shard: int) -> st.SearchStrategy[ShardOutcomes]:
-    return st.builds(
-        ShardOutcomes,
-        shard=st.just(shard),
-        successes=st.integers(0, 6),
-        failures=st.lists(_failures, max_size=3).map(tuple),
-    )
+    return _attested(shard)
 
 
 @functools.cache

@@ -60,6 +60,7 @@ from fleetledger.engines.policy import (  # noqa: E402
     refit_logprob_diff,
 )
 from fleetledger.engines.vllm_shard import VllmEngineSpec, vllm_shard_factory  # noqa: E402
+from fleetledger.events.attestation import Attested, end_in_line, read_attestation  # noqa: E402
 from fleetledger.projections.fleet_view import fold  # noqa: E402
 from fleetledger.projections.shard_states import ShardState  # noqa: E402
 from fleetledger.shards.contract import GenerationRequest  # noqa: E402
@@ -294,6 +295,80 @@ def test_a_refit_reloads_the_engines_and_their_logprobs_agree_with_the_trainer(e
         assert ledger.view.state_of(shard) is ShardState.HEALTHY
         assert ledger.view.shards[shard].weight_version == version
         assert ray.get(handles[shard].weight_version.remote()) == version
+
+
+def _attested_answer(
+    url: str, model: str, prompt: list[int]
+) -> tuple[Attested, list[float], list[int]]:
+    """A greedy answer over the engine's own HTTP: its attestation, its tokens'
+    logprobs and ids (vLLM spells a token ``token_id:N`` when asked)."""
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+    raw = client.completions.with_raw_response.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=CHECK_TOKENS,
+        temperature=0,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True},
+    )
+    said = read_attestation(raw.headers)
+    assert said is not None, "the engine's answer names no weights"
+    logprobs = raw.parse().choices[0].logprobs
+    ids = [int(token.removeprefix("token_id:")) for token in logprobs.tokens]
+    return said, list(logprobs.token_logprobs), ids
+
+
+def test_each_answer_names_the_weights_whose_logprobs_it_carries(engines, ledger):
+    """The attested version is the one the logprob check finds: an answer the engine
+    attests at v agrees with the trainer's weights of v and not with v+1's, before and
+    after the refit; a refit landing in a stream gives it a start and an end apart."""
+    import httpx
+
+    coordinator = _coordinator(engines, ledger)
+    url = engines.fleet.base_urls()[0]
+    model = openai.OpenAI(base_url=url, api_key="unused").models.list().data[0].id
+    prompt = ray.get(engines.trainer.check_prompt_ids.remote())
+    held = ray.get(engines.trainer.version.remote())
+    if ray.get(engines.fleet.handle(0).weight_version.remote()) != held:
+        coordinator.refit(held)  # an earlier test left the trainer ahead of the engines
+    said, before, ids = _attested_answer(url, model, prompt)
+    assert (said.start, said.end, said.partial) == (held, held, False)
+    old_weights = ray.get(engines.trainer.logprobs.remote(prompt, ids))
+    assert max(abs(a - b) for a, b in zip(before, old_weights, strict=True)) <= TOLERANCE
+    version = _step(engines)  # the trainer moves on; the engine still holds `held`
+    new_weights = ray.get(engines.trainer.logprobs.remote(prompt, ids))
+    assert max(abs(a - b) for a, b in zip(old_weights, new_weights, strict=True)) > 100 * TOLERANCE
+    said, again, ids_again = _attested_answer(url, model, prompt)
+    assert (said.start, said.end) == (held, held) and ids_again == ids
+    assert max(abs(a - b) for a, b in zip(again, old_weights, strict=True)) <= TOLERANCE
+    coordinator.refit(version)
+    said, after, ids_after = _attested_answer(url, model, prompt)
+    assert (said.start, said.end) == (version, version)
+    now = ray.get(engines.trainer.logprobs.remote(prompt, ids_after))
+    assert max(abs(a - b) for a, b in zip(after, now, strict=True)) <= TOLERANCE
+    # A refit landing mid-stream: the head names the version of the first token, the
+    # line before [DONE] the version of the last. The stream is long; the refit is sent
+    # once its first event is in (a few tries: a fast engine may finish first).
+    ask = {"model": model, "prompt": "Once", "max_tokens": 400, "stream": True}
+    ask["ignore_eos"] = True
+    for _ in range(4):
+        version = _step(engines)
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream("POST", f"{url}/completions", json=ask) as streamed,
+        ):
+            lines = streamed.iter_lines()
+            assert next(lines).startswith("data: ")
+            refit = threading.Thread(target=coordinator.refit, args=(version,))
+            refit.start()
+            rest = [line for line in lines if line]
+            refit.join(120)
+        said = read_attestation(streamed.headers, next(filter(None, map(end_in_line, rest))))
+        assert said is not None and said.start == version - 1 and said.end in (version - 1, version)
+        assert rest[-1] == "data: [DONE]"
+        if said.moved:
+            break
+    assert said.moved, "no refit landed inside a stream in 4 tries"
 
 
 # ── the engine, not the process ───────────────────────────────────────────────

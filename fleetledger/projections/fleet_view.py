@@ -64,6 +64,7 @@ from fleetledger.events.models import (
 )
 from fleetledger.projections.decisions import Exhaustion, decide_exhaustion
 from fleetledger.projections.rank_layout import RankLayout, rank_layout
+from fleetledger.projections.served_weights import ServedWeights
 from fleetledger.projections.shard_states import (
     Input,
     ShardRecord,
@@ -147,6 +148,9 @@ class FleetView:
     last_refusal: Refusal | None = None
     exhausted_seq: int | None = None
     ended: RunEnd | None = None
+    # The trainer's version: the highest a refit_started has pushed (step N pushes N).
+    trainer_version: int = 0
+    served: ServedWeights = field(default_factory=ServedWeights)  # rollouts by weights
     _thresholds: Thresholds = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -418,6 +422,7 @@ class FleetView:
 
     def _on_outcomes(self, e: OutcomeWindowReported, seq: int, at: int) -> list[Transition]:
         self._check_shards(seq, e, e.shards_named())
+        self.served.add_window(e.outcomes, self.trainer_version)
         out: list[Transition] = []
         # Successes first, for every shard of the window, then failures.
         shards = self.shards
@@ -437,6 +442,7 @@ class FleetView:
     def _on_refit_started(self, e: RefitStarted, seq: int, at: int) -> list[Transition]:
         self._check_shards(seq, e, e.shards)
         self.open_refit = OpenRefit(seq, at, e.weight_version, e.shards)
+        self.trainer_version = max(self.trainer_version, e.weight_version)
         return []
 
     def _on_refit_completed(self, e: RefitCompleted, seq: int, at: int) -> list[Transition]:

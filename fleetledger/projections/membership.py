@@ -37,6 +37,8 @@ def membership_document(view: FleetView) -> dict[str, Any]:
         "absent": list(view.absent),
         "suspected": list(view.suspected),
         "weight_version": view.weight_version,
+        "trainer_version": view.trainer_version,
+        "served": view.served.as_json(),
         "counts": view.counts(),
         "shards": {
             str(r.index): {

@@ -8,7 +8,8 @@ and its view is refolded from seq 1, once, until a snapshot of this version is s
 
 Versions: 1 — the first; 2 — ``absent_generation`` and ``last_absent`` (a version-1
 snapshot has neither, and its absent generation could not be recovered from it); 3 — a
-shard's ``since_at_us``, the time of the transition that put it in its state.
+shard's ``since_at_us``, the time of the transition that put it in its state; 4 — the
+trainer's version and the rollouts by attested weights (``served``).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from fleetledger.projections.fleet_view import (
     RunEnd,
     fold_pages,
 )
+from fleetledger.projections.served_weights import ServedWeights
 from fleetledger.projections.shard_states import ShardRecord, ShardState
 
-PROJECTION_VERSION = 3
+PROJECTION_VERSION = 4
 
 # When a snapshot is due: after this many events, or this many probe results (a round
 # of 256 shards is one event and 256 results), whichever comes first. Counting events
@@ -153,6 +155,8 @@ def to_snapshot(view: FleetView) -> str:
             "progress": _as_dict(view.progress),
             "last_refusal": _as_dict(view.last_refusal),
             "ended": _as_dict(view.ended),
+            "trainer_version": view.trainer_version,
+            "served": view.served.as_json(),
         },
         separators=(",", ":"),
     )
@@ -192,6 +196,8 @@ def from_snapshot(payload: str) -> FleetView:
             progress=_maybe(Progress, d["progress"]),
             last_refusal=_maybe(Refusal, d["last_refusal"]),
             ended=_maybe(RunEnd, d["ended"]),
+            trainer_version=d["trainer_version"],
+            served=ServedWeights.from_json(d["served"]),
         )
     except ProjectionError:
         raise

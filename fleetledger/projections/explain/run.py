@@ -17,7 +17,7 @@ Rules of this file:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetledger.events.models import RecordedEvent, RunEnded, iso_at
@@ -47,6 +47,7 @@ from fleetledger.projections.history import (
     TransitionEntry,
 )
 from fleetledger.projections.json_form import JsonForm
+from fleetledger.projections.served_weights import ServedWeights
 from fleetledger.projections.shard_states import ShardState
 
 _LOST_STATES = frozenset({ShardState.DEAD, ShardState.RETIRED})
@@ -249,6 +250,7 @@ class RunExplanation(JsonForm):
     trainer_weight_version: int
     layout: LayoutSummary
     causes: tuple[CitedCause, ...] = ()  # the causes of the lost shards, raw text included
+    served: ServedWeights = field(default_factory=ServedWeights)  # rollouts by weights
 
     @property
     def at(self) -> str:
@@ -338,6 +340,7 @@ class RunExplanation(JsonForm):
         else:
             lines.append("stalls: none recorded")
         lines.append(self._refit())
+        lines.append(self.served.describe())
         lines.append(
             f"fleet: epoch {self.epoch}, serving {list(self.serving)}, absent "
             f"{list(self.absent)}, suspected {list(self.suspected)}; trainer weights at version "
@@ -408,6 +411,7 @@ def explain_run(
         suspected=view.suspected,
         trainer_weight_version=view.weight_version,
         layout=LayoutSummary.of(view),
+        served=view.served,
         causes=tuple(
             c
             for t in lost_transitions(entries)
