@@ -10,7 +10,11 @@ Run it by hand (not part of the test suite; it asserts nothing about timing)::
 Options: ``--requests`` (20000), ``--concurrency`` (32), ``--rounds`` (2), ``--workers``
 (2: the N of the N-worker fleetledger row), ``--payload-kb`` (16), ``--skip`` (names,
 comma-separated, shell patterns allowed: ``direct``, ``fleetledger``,
-``fleetledger-workers``, ``smg``, ``vllm-router``). Needs ``hey`` and ``nginx`` (Debian
+``fleetledger-workers``, ``fleetledger-baseline``, ``smg``, ``vllm-router``),
+``--baseline REV`` (also the router of git revision REV, the row
+``fleetledger-baseline``: a change's cost measured against the release before it, in the
+same run), ``--attesting`` (the backends send an engine's attestation headers, as
+fleetledger's engines do, so the router's pass-through path is what is measured). Needs ``hey`` and ``nginx`` (Debian
 ``hey``, ``nginx-light``), ``smg`` and ``vllm-router`` (``pip install smg
 vllm-router``), and the ``router`` extra; a missing router is one line and its row is
 skipped, the rest still runs.
@@ -262,7 +266,11 @@ http {{
             alias {www}/completion.json;
             error_page 405 =200 /completion.json;
         }}
-        location = /completion.json {{ internal; default_type application/json; }}
+        location = /completion.json {{
+            internal;
+            default_type application/json;
+{attest}
+        }}
         location = /health {{ return 200; }}
         location = /v1/models {{ default_type application/json; alias {www}/models.json; }}
         location / {{ return 404; }}
@@ -290,8 +298,14 @@ def completion_json(payload_kb: int) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+ATTEST = """\
+            add_header x-fleetledger-weight-version 7 always;
+            add_header x-fleetledger-weight-version-end 7 always;"""
+"""What ``--attesting`` backends add to every answer: an engine's word on its weights."""
+
+
 def start_backends(
-    procs: Processes, nginx: str, work: Path, payload_kb: int
+    procs: Processes, nginx: str, work: Path, payload_kb: int, attesting: bool = False
 ) -> tuple[list[str], int]:
     www = work / "www"
     www.mkdir()
@@ -305,7 +319,8 @@ def start_backends(
     ports = [_free_port() for _ in range(3)]
     listens = "\n".join(f"        listen 127.0.0.1:{p} backlog=4096;" for p in ports)
     conf = work / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(work=work, www=www, listens=listens))
+    attest = ATTEST if attesting else ""
+    conf.write_text(NGINX_CONF.format(work=work, www=www, listens=listens, attest=attest))
     proc = procs.start(
         "nginx", [nginx, "-c", str(conf), "-p", f"{work}/", "-e", str(work / "nginx-error.log")]
     )
@@ -335,6 +350,21 @@ def create_ledger(work: Path, backends: list[str]) -> str:
     return db
 
 
+def unpack_revision(rev: str, work: Path) -> Path:
+    """The ``fleetledger`` package of git revision ``rev``, unpacked under ``work``."""
+    tree = work / f"rev-{rev}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", rev, "fleetledger"],
+        capture_output=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {rev}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
 # ── the targets ─────────────────────────────────────────────────────────────
 
 
@@ -351,14 +381,19 @@ def targets(args: argparse.Namespace, backends: list[str], db: str | None) -> li
     fleetledger, smg, vllm = _tool("fleetledger"), _tool("smg"), _tool("vllm-router")
     found: list[Target] = [Target("direct", "direct, one backend (the ceiling)", None)]
 
-    def fleet(workers: int | None) -> Callable[[], tuple[list[str], dict[str, str], str | None]]:
+    def fleet(
+        workers: int | None, tree: Path | None = None
+    ) -> Callable[[], tuple[list[str], dict[str, str], str | None]]:
         def launch() -> tuple[list[str], dict[str, str], str | None]:
             port = _free_port()
             argv = [str(fleetledger), "router", RUN, "--db", str(db), "--port", str(port)]
             argv += ["--window-s", "1"]
             if workers is not None:
                 argv += ["--workers", str(workers)]
-            return argv, {"FLEETLEDGER_LOG": "error"}, f"http://127.0.0.1:{port}/v1"
+            env = {"FLEETLEDGER_LOG": "error"}
+            if tree is not None:  # another revision, first on the path
+                env["PYTHONPATH"] = str(tree)
+            return argv, env, f"http://127.0.0.1:{port}/v1"
 
         return launch
 
@@ -387,6 +422,10 @@ def targets(args: argparse.Namespace, backends: list[str], db: str | None) -> li
         found.append(Target("fleetledger-workers", "fleetledger router", None, why))
     else:
         found.append(Target("fleetledger", f"fleetledger {version} router, 1 worker", fleet(None)))
+        if args.baseline is not None:
+            rev, tree = args.baseline
+            label = f"fleetledger at {rev} (the release before), 1 worker"
+            found.append(Target("fleetledger-baseline", label, fleet(None, tree)))
         label = f"fleetledger {version} router, {args.workers} workers"
         helped = subprocess.run(
             [fleetledger, "router", "--help"],
@@ -670,6 +709,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--payload-kb", type=int, default=16)
     parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure the fleetledger router of git revision REV (git archive, unpacked "
+        "beside the checkout, first on its PYTHONPATH): the row fleetledger-baseline",
+    )
+    parser.add_argument(
+        "--attesting",
+        action="store_true",
+        help="the backends answer as fleetledger's engines do, with their attestation headers",
+    )
+    parser.add_argument(
         "--skip",
         type=lambda s: [p.strip() for p in s.split(",") if p.strip()],
         default=[],
@@ -701,8 +751,10 @@ def main() -> None:
     )
     work = Path(tempfile.mkdtemp(prefix="fl-bench-router-"))
     procs = Processes(work)
+    if args.baseline is not None:
+        args.baseline = (args.baseline, unpack_revision(args.baseline, work))
     try:
-        backends, size = start_backends(procs, nginx, work, args.payload_kb)
+        backends, size = start_backends(procs, nginx, work, args.payload_kb, args.attesting)
         try:
             db: str | None = create_ledger(work, backends)
         except ImportError as exc:

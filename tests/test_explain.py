@@ -35,6 +35,7 @@ from fleetledger.projections.explain import (
     explain_shard,
     tally_span,
 )
+from fleetledger.projections.fault_cost import fault_costs
 from fleetledger.projections.fleet_view import ProjectionError, fold
 from fleetledger.projections.history import replay
 from fleetledger.projections.shard_states import Input, ShardState
@@ -56,7 +57,7 @@ def explain_records(
     wanted = evidence_needed(view, entries, shard)
     evidence = {r.seq: r for r in records if r.seq in wanted.to_read}
     if shard is None:
-        return explain_run(view, entries, evidence)
+        return explain_run(view, entries, evidence, fault_costs(records))
     tally = None if wanted.span is None else tally_span(records, shard, *wanted.span)
     return explain_shard(view, entries, shard, evidence, tally)
 
@@ -471,7 +472,7 @@ def test_json_keys_are_the_fields_and_the_declared_derived_keys() -> None:
         "kind", "run", "seq", "at_us", "at", "started_at_us", "started_at", "summary", "ended",
         "why", "findings", "progress", "stalls", "open_refit", "last_completed_refit",
         "not_healthy", "epoch", "serving", "absent", "suspected", "trainer_weight_version",
-        "layout", "causes", "served",
+        "layout", "causes", "served", "faults",
     }  # fmt: skip
     assert (run["started_at_us"], run["started_at"]) == (T0_US, iso_at(T0_US))
     assert run["ended"] == {

@@ -42,6 +42,7 @@ from fleetledger.events.models import (
     ReplacementLoaded,
     RestartFailed,
     RestartRequested,
+    RolloutFates,
     RunEnded,
     RunStarted,
     ShardOutcomes,
@@ -146,6 +147,15 @@ def _attested(draw: st.DrawFn, shard: int) -> ShardOutcomes:
             VersionCount(version=v, count=c) for v, c in zip(versions, counts, strict=True) if c
         ),
         partial=draw(st.integers(0, successes)),
+        fates=draw(
+            st.none()
+            | st.builds(
+                RolloutFates,
+                redispatched=st.integers(0, 3),
+                dropped=st.integers(0, 2),
+                ended_run=st.integers(0, 1),
+            )
+        ),
     )
 
 

@@ -697,7 +697,10 @@ def test_an_outcome_for_a_url_that_left_the_fleet_is_dropped(sqlite_url, engines
         with pytest.raises(openai.ConflictError, match="re-sent after shard 0 left the fleet"):
             pending.result()
     running.stop()
-    assert windows(sqlite_url) == []
+    # Neither a success nor a failure of the shard: only what became of the request.
+    ((only,),) = [w.outcomes for w in windows(sqlite_url)]
+    assert (only.shard, only.successes, only.failures) == (0, 0, ())
+    assert only.fates is not None and only.fates.redispatched == 1
 
 
 # ── outcomes in the ledger ───────────────────────────────────────────────────
@@ -1095,8 +1098,16 @@ def test_no_request_waits_on_a_shard_the_ledger_says_has_left(sqlite_url, engine
     for engine in engines:
         engine.release()
     running.stop()
-    # The re-sent request is shard 1's success; those ended by the ledger count for nobody.
-    assert reported(sqlite_url) == {1: (1, Counter())}
+    # The re-sent request is shard 1's success; those ended by the ledger count as
+    # nobody's success or failure, only by what became of them (the fault's cost).
+    assert reported(sqlite_url) == {0: (0, Counter()), 1: (1, Counter()), 2: (0, Counter())}
+    fates = {
+        o.shard: (o.fates.redispatched, o.fates.dropped)
+        for w in windows(sqlite_url)
+        for o in w.outcomes
+        if o.fates is not None
+    }
+    assert fates == {0: (1, 0), 1: (0, 1), 2: (0, 1)}
 
 
 # ── the wire ─────────────────────────────────────────────────────────────────

@@ -159,6 +159,30 @@ def test_simulate_through_the_router_moves_traffic_off_a_killed_shard(sqlite_url
     log.close()
 
 
+@pytest.mark.slow
+def test_what_a_kill_cost_is_what_the_loop_itself_counted(sqlite_url):
+    """The fault's cost, derived from the ledger alone, equals what the rollout loop
+    counted in process: every attempt the kill broke was re-dispatched (or dropped)."""
+    done = _simulate("--kill", "1@3", "--json", db=sqlite_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    redispatched = sum(doc["rollouts"]["redispatched"].values())
+    dropped = sum(doc["rollouts"]["dropped"].values())
+    assert redispatched >= 1  # the kill landed on rollouts in flight
+    costs = _command("explain", doc["run"], "--cost", "--json", db=sqlite_url)
+    assert costs.returncode == 0, costs.stderr
+    (death,) = [f for f in json.loads(costs.stdout) if f["kind"] == "death"]
+    assert death["shards"] == [1]
+    assert (death["redispatched"], death["dropped"]) == (redispatched, dropped)
+    assert death["in_flight"] == redispatched + dropped
+    assert death["detection_s"] is not None and death["out_of_service_s"] > 0
+    table = _command("explain", doc["run"], "--cost", db=sqlite_url, env={"COLUMNS": "200"})
+    assert f"{redispatched}" in table.stdout and "death" in table.stdout
+    text = _command("explain", doc["run"], db=sqlite_url).stdout
+    assert "what each fault cost (1; table: --cost):" in text
+    assert f"{redispatched + dropped} in flight" in text
+
+
 def _router_successes(log: EventLog, run: str) -> int:
     return sum(
         o.successes

@@ -700,9 +700,12 @@ def _normalised(body: bytes) -> object:
     text = body.decode()
     if not text.startswith("data:"):
         return {k: v for k, v in json.loads(text).items() if k not in ("id", "created")}
-    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line.strip()]
+    blocks = [line for line in text.split("\n\n") if line.strip()]
+    # SSE comments (the engine's end line: the weights of the last token) kept apart.
+    events = [b.removeprefix("data: ") for b in blocks if not b.startswith(":")]
     assert events[-1] == "[DONE]"
     joined: dict[str, list] = {"text": [], "tokens": [], "logprobs": [], "top": [], "end": []}
+    joined["comments"] = [b for b in blocks if b.startswith(":")]
     for event in events[:-1]:
         (choice,) = json.loads(event)["choices"]
         joined["text"].append(choice["text"])

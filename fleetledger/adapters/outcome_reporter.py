@@ -28,10 +28,12 @@ from fleetledger.adapters.failure_taxonomy import (
     classify_http_status,
     exception_text,
 )
+from fleetledger.adapters.retry_policy import FATES, Fate
 from fleetledger.events.models import (
     MAX_EXAMPLE,
     FailureCount,
     OutcomeWindowReported,
+    RolloutFates,
     ShardOutcomes,
     VersionCount,
 )
@@ -46,6 +48,7 @@ class _ShardTally:
     successes: int = 0
     versions: Counter[int] = field(default_factory=Counter)  # successes by attested version
     partial: int = 0
+    fates: Counter[str] | None = None  # what became of failed attempts, where told
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     examples: dict[tuple[str, str], str] = field(default_factory=dict)  # the first of each
 
@@ -87,6 +90,18 @@ class OutcomeWindow:
                 tally.versions[version] += count
             if partial:
                 tally.partial += count
+
+    def fate(self, shard: int, fate: Fate, count: int = 1) -> None:
+        """What became of ``count`` attempts that failed on ``shard`` (``run_rollout``'s
+        ``on_fate``): the window then says its failures' fates, else they are unknown."""
+        _check_shard(shard)
+        if fate not in FATES:
+            raise ValueError(f"shard {shard}: unknown fate {fate!r}; one of {', '.join(FATES)}")
+        with self._lock:
+            tally = self._tallies.setdefault(shard, _ShardTally())
+            if tally.fates is None:
+                tally.fates = Counter()
+            tally.fates[fate] += count
 
     def failure(
         self,
@@ -131,6 +146,7 @@ class OutcomeWindow:
                     VersionCount(version=v, count=c) for v, c in sorted(tally.versions.items())
                 ),
                 partial=tally.partial,
+                fates=None if tally.fates is None else RolloutFates(**tally.fates),
                 failures=tuple(
                     FailureCount(
                         category=category,  # type: ignore[arg-type]
@@ -208,6 +224,11 @@ class OutcomeReporter:
         self, shard: int, count: int = 1, *, version: int | None = None, partial: bool = False
     ) -> None:
         self._window.success(shard, count, version=version, partial=partial)
+        self._flush_if_due()
+
+    def fate(self, shard: int, fate: Fate, count: int = 1) -> None:
+        """What became of ``count`` attempts that failed on ``shard``."""
+        self._window.fate(shard, fate, count)
         self._flush_if_due()
 
     def failure(

@@ -28,10 +28,10 @@ import asyncio
 import random
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Generic, NoReturn, TypeVar
+from typing import Generic, Literal, NoReturn, TypeVar
 
 from fleetledger.adapters.failure_taxonomy import (
     Classification,
@@ -42,8 +42,10 @@ from fleetledger.config import RolloutFailureConfig
 from fleetledger.errors import FleetledgerError
 
 __all__ = [
+    "FATES",
     "Attempt",
     "DataBudgetExhausted",
+    "Fate",
     "PromptDropped",
     "PromptSkipped",
     "RedispatchExhausted",
@@ -272,6 +274,7 @@ async def run_rollout(
     new_group_id: Callable[[], str] = _new_group_id,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     jitter_draw: Callable[[], float] = random.random,
+    on_fate: Callable[[S, Fate], object] | None = None,
 ) -> T:
     """Run one prompt's attempts under ``policy``; return the first success or raise.
 
@@ -284,18 +287,24 @@ async def run_rollout(
     :class:`PromptSkipped` (drop this prompt; :class:`PromptDropped` when the drop
     budget let an infrastructure-exhausted prompt go), or ``CancelledError`` unchanged.
     ``sleep`` and ``jitter_draw`` (a uniform draw in [0, 1) per backoff) are injectable
-    so tests observe the backoff without waiting.
+    so tests observe the backoff without waiting. ``on_fate(shard, fate)``: told what
+    became of each attempt that failed for its shard (infrastructure; a data failure is
+    the prompt's, no fault's cost), by that shard — ``redispatched`` (tried
+    again), ``dropped`` (the prompt given up: skipped or dropped) or ``ended_run`` (a
+    budget ran out: the run must fail) — so an outcome window can say what a fault cost.
     """
     infra_failures = 0
     data_failures = 0
     attempt_number = 0
     while True:
         attempt_number += 1
+        leased: S | None = None  # the attempt's shard, once a lease gave one
         try:
             # The lease is held for the whole attempt and released on every exit, so a
             # failed or cancelled attempt cannot leak an in-flight count (which would
             # bias selection away from a shard that is actually fine).
             with select_shard() as shard:
+                leased = shard
                 result = await generate(
                     Attempt(
                         prompt_id=prompt_id,
@@ -310,24 +319,54 @@ async def run_rollout(
             raise
         except Exception as exc:
             verdict = classify_exception(exc)
-            if verdict.kind is FailureKind.INFRA:
-                infra_failures += 1
-                if infra_failures >= policy.infra_attempts:
-                    _drop_or_fail(
-                        exc, verdict, policy, counters, prompt_id, attempt_number, infra_failures
-                    )
-                counters.redispatched[verdict.reason] += 1
+            infra = verdict.kind is FailureKind.INFRA  # the shard's: a fault's cost
+            with _telling_fate(on_fate if infra else None, leased):
+                if infra:
+                    infra_failures += 1
+                    if infra_failures >= policy.infra_attempts:
+                        _drop_or_fail(
+                            exc,
+                            verdict,
+                            policy,
+                            counters,
+                            prompt_id,
+                            attempt_number,
+                            infra_failures,
+                        )
+                    counters.redispatched[verdict.reason] += 1
+                else:
+                    data_failures += 1
+                    counters.data_failures[verdict.reason] += 1
+                    if data_failures >= policy.data_attempts:
+                        _skip_or_fail(exc, verdict, policy, counters, prompt_id, attempt_number)
+            if infra:
                 await sleep(policy.jittered_backoff_s(infra_failures, jitter_draw()))
-                continue
-            data_failures += 1
-            counters.data_failures[verdict.reason] += 1
-            if data_failures < policy.data_attempts:
-                continue
-            _skip_or_fail(exc, verdict, policy, counters, prompt_id, attempt_number)
         else:
             counters.committed += 1
             counters.consecutive_dropped = 0
             return result
+
+
+Fate = Literal["redispatched", "dropped", "ended_run"]
+"""What became of a failed attempt (``run_rollout``'s ``on_fate``)."""
+FATES: tuple[Fate, ...] = ("redispatched", "dropped", "ended_run")
+
+
+@contextmanager
+def _telling_fate(on_fate: Callable[[S, Fate], object] | None, shard: S | None) -> Iterator[None]:
+    """Around the decision on one failed attempt: tell ``on_fate`` what it was."""
+    fate: Fate = "redispatched"
+    try:
+        yield
+    except PromptSkipped:  # PromptDropped included
+        fate = "dropped"
+        raise
+    except RolloutAbandoned:
+        fate = "ended_run"
+        raise
+    finally:
+        if on_fate is not None and shard is not None:
+            on_fate(shard, fate)
 
 
 def _drop_or_fail(

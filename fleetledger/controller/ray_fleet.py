@@ -49,6 +49,7 @@ from fleetledger.adapters.failure_taxonomy import (
     wrap_generation_failure,
 )
 from fleetledger.adapters.outcome_reporter import OutcomeWindow
+from fleetledger.adapters.retry_policy import Fate
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.runtime_deaths import (
     ShardActorDied,
@@ -443,6 +444,11 @@ class GenerationReports:
     def success(self, shard: int, *, version: int | None = None, partial: bool = False) -> None:
         """Count a success; ``version``: the weight version the engine attested."""
         self.window.success(shard, version=version, partial=partial)
+
+    def fate(self, shard: int, fate: Fate) -> None:
+        """What became of an attempt that failed on ``shard`` (``run_rollout``'s
+        ``on_fate``): handed over with the window, so a fault's cost says it."""
+        self.window.fate(shard, fate)
 
     def failure(self, shard: int, exc: BaseException) -> None:
         try:

@@ -410,13 +410,28 @@ class VersionCount(BaseModel):
     count: int = Field(ge=1)
 
 
+class RolloutFates(BaseModel):
+    """What became of the attempts that failed on one shard in one window, as the
+    adapter's retry policy decided: tried again elsewhere, given up (skipped or
+    dropped), or the run ended for it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    redispatched: int = Field(default=0, ge=0)
+    dropped: int = Field(default=0, ge=0)
+    ended_run: int = Field(default=0, ge=0)
+
+
 class ShardOutcomes(BaseModel):
     """What one adapter saw from one shard during one window.
 
     ``versions``: the successes by the weight version the engine attested (its first
     token's); successes not among them were not attested (a foreign engine, or a row
     written before the field: left out then) — unknown, never guessed. ``partial``: the
-    successes the engine attested as generated from partial weights.
+    successes the engine attested as generated from partial weights. ``fates``: what
+    became of the attempts that failed on this shard in the window (None: the adapter
+    did not say — a row written before the field, an adapter that does not know —
+    "unknown" in every answer, never zero).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -426,6 +441,7 @@ class ShardOutcomes(BaseModel):
     failures: tuple[FailureCount, ...] = ()
     versions: tuple[VersionCount, ...] = ()
     partial: int = Field(default=0, ge=0)
+    fates: RolloutFates | None = None
 
     @model_validator(mode="after")
     def _attested_within_successes(self) -> ShardOutcomes:
@@ -441,7 +457,7 @@ class ShardOutcomes(BaseModel):
 
     @model_serializer(mode="wrap")
     def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _leave_out_at_default(self, handler, {"versions": (), "partial": 0})
+        return _leave_out_at_default(self, handler, {"versions": (), "partial": 0, "fates": None})
 
     @property
     def infra_failures(self) -> int:

@@ -55,6 +55,9 @@ from fleetledger.projections.json_form import JsonForm
 from fleetledger.projections.rank_layout import RankLayoutError
 from fleetledger.projections.shard_states import Input, ShardState, Transition, shard_list
 
+Observer = Callable[[RecordedEvent, list[Transition], FleetView], object]
+"""Told each event that is not a quiet observation: its transitions, the view after it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Entry(JsonForm):
@@ -231,16 +234,21 @@ def _epoch_entry(view: FleetView, *, epoch_moved: bool = True) -> EpochEntry:
 class History:
     """Feeds events to a view and says, per event, what belongs in the run's history."""
 
-    def __init__(self, view: FleetView) -> None:
+    def __init__(self, view: FleetView, observer: Observer | None = None) -> None:
+        """``observer``: also told every event that is not a quiet observation, with the
+        transitions it caused and the view right after it (``FaultCosts.observe``)."""
         self.view = view
+        self._observer = observer
         # The refit in progress as of the view's seq (restored from the view on resume).
         self._refit: OpenRefit | None = view.open_refit
         self._absent = view.absent  # as the last membership entry showed it
 
     @classmethod
-    def start(cls, first: RecordedEvent) -> tuple[History, list[Entry]]:
+    def start(
+        cls, first: RecordedEvent, observer: Observer | None = None
+    ) -> tuple[History, list[Entry]]:
         """Begin at seq 1; the first entry is the starting membership (epoch 0)."""
-        history = cls(FleetView.start(first))
+        history = cls(FleetView.start(first), observer)
         return history, [_epoch_entry(history.view)]
 
     def feed(self, recorded: RecordedEvent) -> list[Entry]:
@@ -253,6 +261,8 @@ class History:
                 f"run {view.run!r} seq {recorded.seq}: no history rule for {event.type!r}"
             )
         transitions = view.apply(recorded)
+        if self._observer is not None:
+            self._observer(recorded, transitions, view)
         if not transitions and build is _OBSERVED:
             # Fast path for the bulk of a run (a replay of a million events spends more
             # building entries than folding): an observation that moved no shard has no
@@ -282,7 +292,10 @@ class History:
         """
         view = self.view
         out: list[Entry] = []
+        observer = self._observer
         for recorded, transitions, epoch in view.apply_page(page):
+            if observer is not None:
+                observer(recorded, transitions, view)
             event = recorded.event
             build = ENTRY_BUILDERS.get(type(event))
             if build is None:

@@ -20,6 +20,7 @@ from fleetledger.projections.explain import (
     explain_run,
     explain_shard,
 )
+from fleetledger.projections.fault_cost import FaultCost, FaultCosts
 from fleetledger.projections.history import Entry, History
 from fleetledger.queries.views import load_view
 from fleetledger.store.log import EventLog
@@ -37,21 +38,27 @@ def _contiguous(seqs: Iterable[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _history_of(log: EventLog, run: str, to_seq: int, tallies: ProbeTallies) -> list[Entry]:
+def _history_of(
+    log: EventLog, run: str, to_seq: int, tallies: ProbeTallies, costs: FaultCosts
+) -> tuple[list[Entry], tuple[FaultCost, ...]]:
     """``replay`` of the run up to ``to_seq`` a page at a time (``History.feed_page``),
-    counting probes on the way; a replay never reads event ids (``ids=False``)."""
+    counting probes and what each fault cost on the way; a replay never reads event ids
+    (``ids=False``)."""
     history: History | None = None
     entries: list[Entry] = []
     for page in log.read_pages(run, 0, to_seq, ids=False):
         page = list(tallies.watch(page))
         if history is None:
-            history, first = History.start(page[0])
+            history, first = History.start(page[0], costs.observe)
             entries += first
             page = page[1:]
         entries += history.feed_page(page)
-    if history is not None and history.view.ended is None:
+    if history is None:
+        return entries, ()
+    faults = costs.finish(history.view)
+    if history.view.ended is None:
         entries += history.finish()
-    return entries
+    return entries, faults
 
 
 def read_evidence(log: EventLog, run: str, seqs: Iterable[int]) -> dict[int, RecordedEvent]:
@@ -77,10 +84,10 @@ def explain_from_log(
         check_shard(view, shard)  # before the replay: a typo should not cost a full fold
     # One pass: the history, and the probe counts a reported streak's explanation cites.
     tallies = ProbeTallies()
-    entries = _history_of(log, run, view.seq, tallies)
+    entries, faults = _history_of(log, run, view.seq, tallies, FaultCosts())
     wanted = evidence_needed(view, entries, shard)
     evidence = read_evidence(log, run, wanted.to_read)
     if shard is None:
-        return explain_run(view, entries, evidence)
+        return explain_run(view, entries, evidence, faults)
     tally = None if wanted.span is None else tallies.span(shard, *wanted.span)
     return explain_shard(view, entries, shard, evidence, tally)

@@ -344,7 +344,10 @@ class Router:
         if done.client_gone and done.error is None:
             return  # a client that went away is not the shard's failure
         if done.left:
-            return  # ended because the ledger says its shard left: it knows already
+            # Ended because the ledger says its shard left: not the shard's failure (the
+            # ledger knows), but what became of it is the fault's cost.
+            self.reporter.fate(backend.shard, "redispatched" if done.resend else "dropped")
+            return
         shard = backend.shard
         if done.error is not None:
             self.metrics.backend_errors.labels(shard=str(shard)).inc()

@@ -110,6 +110,7 @@ class Simulation:
                     policy=self.policy,
                     counters=self.counters,
                     prompt_id=prompt,
+                    on_fate=None if self.w.routed is not None else self.reports.fate,
                 )
                 for prompt in prompts
             )

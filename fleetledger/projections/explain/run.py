@@ -35,6 +35,7 @@ from fleetledger.projections.explain.words import (
     seconds,
     shard_list,
 )
+from fleetledger.projections.fault_cost import FaultCost
 from fleetledger.projections.fleet_view import FleetView
 from fleetledger.projections.history import (
     DecisionEntry,
@@ -251,6 +252,7 @@ class RunExplanation(JsonForm):
     layout: LayoutSummary
     causes: tuple[CitedCause, ...] = ()  # the causes of the lost shards, raw text included
     served: ServedWeights = field(default_factory=ServedWeights)  # rollouts by weights
+    faults: tuple[FaultCost, ...] = ()  # what each fault cost, in order
 
     @property
     def at(self) -> str:
@@ -330,6 +332,12 @@ class RunExplanation(JsonForm):
             lines.append(
                 "trouble recorded: none (no abort, refusal, exhaustion, stall, lost shard)"
             )
+        if self.faults:
+            shown_faults = self.faults[-TEXT_LIMIT:]
+            lines.append(f"what each fault cost ({len(self.faults)}; table: --cost):")
+            if len(self.faults) > len(shown_faults):
+                lines.append(f"  … {len(self.faults) - len(shown_faults)} earlier (see --cost)")
+            lines += [f"  {f.line}" for f in shown_faults]
         lines.append(self._progress())
         if self.stalls:
             last = self.stalls[-1]
@@ -356,7 +364,10 @@ class RunExplanation(JsonForm):
 
 
 def explain_run(
-    view: FleetView, entries: Sequence[Entry], evidence: Mapping[int, RecordedEvent]
+    view: FleetView,
+    entries: Sequence[Entry],
+    evidence: Mapping[int, RecordedEvent],
+    faults: Sequence[FaultCost] = (),
 ) -> RunExplanation:
     """Why the run in ``view`` ended, or where it stands; ``entries`` replay the same events."""
     check_entries(view, entries)
@@ -412,6 +423,7 @@ def explain_run(
         trainer_weight_version=view.weight_version,
         layout=LayoutSummary.of(view),
         served=view.served,
+        faults=tuple(faults),
         causes=tuple(
             c
             for t in lost_transitions(entries)
