@@ -14,10 +14,10 @@ comma-separated, shell patterns allowed: ``direct``, ``fleetledger``,
 ``--baseline REV`` (also the router of git revision REV, the row
 ``fleetledger-baseline``: a change's cost measured against the release before it, in the
 same run), ``--attesting`` (the backends send an engine's attestation headers, as
-fleetledger's engines do, so the router's pass-through path is what is measured). Needs ``hey`` and ``nginx`` (Debian
-``hey``, ``nginx-light``), ``smg`` and ``vllm-router`` (``pip install smg
-vllm-router``), and the ``router`` extra; a missing router is one line and its row is
-skipped, the rest still runs.
+fleetledger's engines do: the router's pass-through path is what is measured). Needs
+``hey`` and ``nginx`` (Debian ``hey``, ``nginx-light``), ``smg`` and ``vllm-router``
+(``pip install smg vllm-router``), and the ``router`` extra; a missing router is one
+line and its row is skipped, the rest still runs.
 
 The backends: one nginx master (``worker_processes 1``, ``daemon off``, config, files,
 pid, error log and temp paths in a temporary directory readable by www-data) listening
@@ -330,12 +330,15 @@ def start_backends(
     return urls, len(body)
 
 
-def create_ledger(work: Path, backends: list[str]) -> str:
+def create_ledger(work: Path, backends: list[str], name: str = "ledger") -> str:
+    """A fresh ledger whose run records the backends as its shards. One per router
+    started: each appends its own windows, and a router of an older revision cannot
+    read a newer one's (its models refuse fields it does not know)."""
     from fleetledger.config import ControllerConfig
     from fleetledger.controller.ledger import Ledger
     from fleetledger.store.log import EventLog
 
-    db = f"sqlite:///{work}/ledger.db"
+    db = f"sqlite:///{work}/{name}.db"
     log = EventLog.open(db)
     try:
         config = ControllerConfig.model_validate({"fleet_health": {"enabled": True}})
@@ -386,7 +389,9 @@ def targets(args: argparse.Namespace, backends: list[str], db: str | None) -> li
     ) -> Callable[[], tuple[list[str], dict[str, str], str | None]]:
         def launch() -> tuple[list[str], dict[str, str], str | None]:
             port = _free_port()
-            argv = [str(fleetledger), "router", RUN, "--db", str(db), "--port", str(port)]
+            fresh = create_ledger(Path(str(db).removeprefix("sqlite:///")).parent, backends,
+                                  f"ledger-{port}")  # fmt: skip
+            argv = [str(fleetledger), "router", RUN, "--db", fresh, "--port", str(port)]
             argv += ["--window-s", "1"]
             if workers is not None:
                 argv += ["--workers", str(workers)]
@@ -532,6 +537,26 @@ def hey_latency(url: str, requests: int) -> Load:
 class Measure:
     throughput: Load
     latency: Load
+    cpu_us_per_request: float = float("nan")  # the router's own CPU, throughput run
+
+
+def _cpu_s(proc: subprocess.Popen[bytes] | None) -> float:
+    """CPU seconds (user + system) of ``proc`` and its children so far: what a request
+    costs the router itself, which a shared, noisy machine moves far less than
+    throughput (nan for a target with no process of its own)."""
+    if proc is None:
+        return float("nan")
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        total = 0.0
+        for p in (root, *root.children(recursive=True)):
+            times = p.cpu_times()
+            total += times.user + times.system
+        return total
+    except psutil.Error:
+        return float("nan")
 
 
 def measure(
@@ -555,11 +580,13 @@ def measure(
         warm = hey_summary(url, WARMUP, args.concurrency)
         if warm.bad:
             _loud(f"{target.name} warm-up", warm.bad)
+        before = _cpu_s(proc)
         throughput = hey_summary(url, args.requests, args.concurrency)
+        cpu = (_cpu_s(proc) - before) / args.requests * 1e6
         latency = hey_latency(url, LATENCY_REQUESTS)
         if proc is not None and proc.poll() is not None:
             throughput.bad.append(f"{target.name} exited {proc.returncode} during the run")
-        return Measure(throughput, latency)
+        return Measure(throughput, latency, cpu)
     finally:
         if proc is not None:
             procs.stop(proc)
@@ -616,6 +643,17 @@ def report(
             else:
                 ratios.append("-")
         print(f"{t.label:<{width}}{cells}{_cell(mean, ',.0f', False, 10)}   {' '.join(ratios)}")
+    print("\n   the router's own CPU per request during that run, µs (user + system)")
+    for t in measured:
+        if t.name == "direct":
+            continue
+        ms = per_round(t.name)
+        cells = "".join(
+            _cell(m.cpu_us_per_request, ".1f", False, 10) if m else f"{'-':>10}" for m in ms
+        )
+        costs = [m.cpu_us_per_request for m in ms if m]
+        mean = statistics.fmean(costs) if costs else float("nan")
+        print(f"{t.label:<{width}}{cells}{_cell(mean, '.1f', False, 10)}")
     print(f"\n   latency at {args.concurrency} in flight (hey's), p50 / p99 ms")
     for t in measured:
         ms = per_round(t.name)

@@ -39,6 +39,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, cast
 
 import structlog
@@ -410,7 +411,26 @@ class Router:
                 self._no_healthy(front, inbound, path, table, left)
                 return
             backend = table.backends[shard]
-            done = await self._forward(front, inbound, backend, resends_left > 0)
+            base_url = backend.base_url
+            exchanges = self._exchanges.get(shard)
+            if exchanges is None:
+                exchanges = self._exchanges[shard] = {}
+            try:
+                done = await forward(
+                    front,
+                    inbound,
+                    self._pool,
+                    self._origin(backend),
+                    shard=shard,
+                    bound_s=self.config.backend_bound_s,
+                    version_at=backend.weight_version,
+                    version_now=partial(self._version_now, shard, base_url),
+                    may_resend=resends_left > 0,
+                    in_flight=exchanges,
+                    base_url=base_url,
+                )
+            finally:
+                self._in_flight.release(shard)
             self._account(backend, done)
             if not done.resend:
                 break
@@ -422,34 +442,8 @@ class Router:
                 max(0.0, done.first_byte_at - arrived - done.backend_wait_s)
             )
 
-    async def _forward(
-        self, front: Front, inbound: Inbound, backend: Backend, may_resend: bool
-    ) -> Forwarded:
-        shard, base_url = backend.shard, backend.base_url
-        exchanges = self._exchanges.setdefault(shard, {})
-        held: list[Exchange] = []
-
-        def started(exchange: Exchange) -> None:
-            held.append(exchange)
-            exchanges[exchange] = base_url
-
-        try:
-            return await forward(
-                front,
-                inbound,
-                self._pool,
-                self._origin(backend),
-                shard=shard,
-                bound_s=self.config.backend_bound_s,
-                version_at=backend.weight_version,
-                version_now=lambda: self._table.weight_version_of(shard, base_url),
-                may_resend=may_resend,
-                started=started,
-            )
-        finally:
-            self._in_flight.release(shard)
-            for exchange in held:
-                exchanges.pop(exchange, None)
+    def _version_now(self, shard: int, base_url: str) -> int | None:
+        return self._table.weight_version_of(shard, base_url)
 
     def _origin(self, backend: Backend) -> Origin:
         # A candidate is routable, so its origin is an HTTP(S) URL (tested rule).

@@ -482,12 +482,14 @@ async def forward(
     version_at: int,
     version_now: Callable[[], int | None],
     may_resend: bool = False,
-    started: Callable[[Exchange], None] | None = None,
+    in_flight: dict[Exchange, str] | None = None,
+    base_url: str = "",
 ) -> Forwarded:
     """Send ``inbound`` to the backend at ``origin`` and stream its answer back to the
-    client; returns what happened once the exchange is over. ``started``: told the
-    exchange once it is under way (the router ends it with :meth:`Exchange.leave` when
-    its shard leaves the fleet); ``may_resend``: it may then be re-sent elsewhere."""
+    client; returns what happened once the exchange is over. ``in_flight``: holds the
+    exchange (as going to ``base_url``) while it is under way, so the router can end it
+    with :meth:`Exchange.leave` when its shard leaves the fleet; ``may_resend``: it may
+    then be re-sent elsewhere."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
     if inbound.expect_continue:
@@ -507,36 +509,40 @@ async def forward(
         return Forwarded(error=exc, answered=500)
     exchange = Exchange(front, inbound, conn, shard, version_at, version_now)
     exchange.may_resend = may_resend
-    if started is not None:
-        started(exchange)
-    front.on_lost = exchange.client_lost
-    if front.closed:
-        exchange.client_lost()
-        return await exchange.done
-    exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
-    read = read_head(inbound.headers)
-    chunked_in = read.chunked
-    lines = read.lines
-    if chunked_in:
-        lines.append(b"Transfer-Encoding: chunked\r\n")
-    head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
-        inbound.method,
-        origin.prefix,
-        inbound.target,
-        origin.host_header,
-        b"".join(lines),
-    )
-    if inbound.complete and not chunked_in:
-        # The whole body is here (a rollout's request usually is): head and body in one
-        # send.
-        exchange._request_whole = True
-        conn.send(exchange, b"".join((head, *inbound.chunks)))
-        exchange._body, inbound.chunks = inbound.chunks, []
-    else:
-        conn.send(exchange, head)
-    if (inbound.has_body or chunked_in) and not (inbound.complete and not chunked_in):
+    if in_flight is not None:
+        in_flight[exchange] = base_url
+    try:
+        front.on_lost = exchange.client_lost
+        if front.closed:
+            exchange.client_lost()
+            return await exchange.done
+        exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
+        read = read_head(inbound.headers)
+        chunked_in = read.chunked
+        lines = read.lines
         if chunked_in:
-            inbound.take_body(exchange.send_body_chunked, exchange.end_body_chunked)
+            lines.append(b"Transfer-Encoding: chunked\r\n")
+        head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
+            inbound.method,
+            origin.prefix,
+            inbound.target,
+            origin.host_header,
+            b"".join(lines),
+        )
+        if inbound.complete and not chunked_in:
+            # The whole body is here (a rollout's request usually is): head and body in one
+            # send.
+            exchange._request_whole = True
+            conn.send(exchange, b"".join((head, *inbound.chunks)))
+            exchange._body, inbound.chunks = inbound.chunks, []
         else:
-            inbound.take_body(exchange.send_body, exchange.client_body_done)
-    return await exchange.done
+            conn.send(exchange, head)
+        if (inbound.has_body or chunked_in) and not (inbound.complete and not chunked_in):
+            if chunked_in:
+                inbound.take_body(exchange.send_body_chunked, exchange.end_body_chunked)
+            else:
+                inbound.take_body(exchange.send_body, exchange.client_body_done)
+        return await exchange.done
+    finally:
+        if in_flight is not None:
+            del in_flight[exchange]
