@@ -120,7 +120,9 @@ def _answers(url: str, run: str) -> dict[str, Any]:
 # (``epoch_moved`` false) where the absent set changed alone (seq 18), and causes read
 # into facts (each transition's ``cause``, the raw causes an explanation cites, a cause
 # printed once), the membership document's ``since_at`` and ``layout_words`` (keys added
-# for the live page). The seqs of every other entry are the old ones.
+# for the live page), and what each fault cost and the rollouts by attested weights
+# (``faults``, ``served``, ``trainer_version``: where the old windows said no fates, the
+# in-flight count is unknown). The seqs of every other entry are the old ones.
 EXPECTED_PATH = Path(__file__).with_name("data") / "old_ledger_answers.json"
 
 

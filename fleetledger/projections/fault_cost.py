@@ -114,7 +114,7 @@ def _in_flight_words(c: FaultCost) -> str:
     if c.in_flight is None:
         return f"in flight unknown (≥ {c.failures_seen} failed)"
     if not c.in_flight:
-        return "none in flight"
+        return "no attempt in flight reported"
     if c.redispatched is None:
         return f"{c.in_flight} in flight (what became of them: unknown)"
     fates = [
