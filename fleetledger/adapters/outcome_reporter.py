@@ -46,7 +46,7 @@ __all__ = ["OutcomeReporter", "OutcomeWindow"]
 @dataclass
 class _ShardTally:
     successes: int = 0
-    versions: Counter[int] = field(default_factory=Counter)  # successes by attested version
+    versions: dict[int, int] = field(default_factory=dict)  # successes by attested version
     partial: int = 0
     fates: Counter[str] | None = None  # what became of failed attempts, where told
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -81,13 +81,16 @@ class OutcomeWindow:
         _check_shard(shard)
         if count < 1:
             raise ValueError(f"shard {shard}: a success count must be >= 1, got {count}")
-        if version is not None and (isinstance(version, bool) or version < 0):
+        if version is not None and (type(version) is not int or version < 0):
             raise ValueError(f"shard {shard}: a weight version must be >= 0, got {version!r}")
         with self._lock:
-            tally = self._tallies.setdefault(shard, _ShardTally())
+            tally = self._tallies.get(shard)
+            if tally is None:  # not setdefault: a tally built on every answer is dear
+                tally = self._tallies[shard] = _ShardTally()
             tally.successes += count
             if version is not None:
-                tally.versions[version] += count
+                versions = tally.versions  # a dict, not a Counter: on every answer's path
+                versions[version] = versions.get(version, 0) + count
             if partial:
                 tally.partial += count
 
