@@ -323,21 +323,15 @@ class RunExplanation(JsonForm):
         if self.ended is not None and self.why is not None:
             lines.append(f"why: {self.why.text} (seq {self.why.seq})")
         if self.findings:
-            shown = self.findings[-TEXT_LIMIT:]
-            lines.append(f"trouble recorded, in order ({len(self.findings)}):")
-            if len(self.findings) > len(shown):
-                lines.append(f"  … {len(self.findings) - len(shown)} earlier (see --json)")
-            lines += [f"  {f.line}" for f in shown]
+            head = f"trouble recorded, in order ({len(self.findings)}):"
+            lines += _the_last(head, [f.line for f in self.findings], "--json")
         else:
             lines.append(
                 "trouble recorded: none (no abort, refusal, exhaustion, stall, lost shard)"
             )
         if self.faults:
-            shown_faults = self.faults[-TEXT_LIMIT:]
-            lines.append(f"what each fault cost ({len(self.faults)}; table: --cost):")
-            if len(self.faults) > len(shown_faults):
-                lines.append(f"  … {len(self.faults) - len(shown_faults)} earlier (see --cost)")
-            lines += [f"  {f.line}" for f in shown_faults]
+            head = f"what each fault cost ({len(self.faults)}; table: --cost):"
+            lines += _the_last(head, [f.line for f in self.faults], "--cost")
         lines.append(self._progress())
         if self.stalls:
             last = self.stalls[-1]
@@ -361,6 +355,16 @@ class RunExplanation(JsonForm):
         else:
             lines.append("every shard is HEALTHY")
         return "\n".join(quotes.once(line) for line in lines)
+
+
+def _the_last(head: str, items: Sequence[str], see: str) -> list[str]:
+    """``head``, then the last ``TEXT_LIMIT`` of ``items`` indented, saying how many
+    earlier ones ``see`` shows."""
+    shown = items[-TEXT_LIMIT:]
+    lines = [head]
+    if len(items) > len(shown):
+        lines.append(f"  … {len(items) - len(shown)} earlier (see {see})")
+    return lines + [f"  {line}" for line in shown]
 
 
 def explain_run(
