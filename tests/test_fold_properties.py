@@ -26,6 +26,7 @@ from fleetledger.controller.ledger import Ledger
 from fleetledger.events.models import (
     ActorDeathConfirmed,
     CondemnationRefused,
+    Contradiction,
     Event,
     FailureCount,
     FleetConfig,
@@ -147,6 +148,10 @@ def _attested(draw: st.DrawFn, shard: int) -> ShardOutcomes:
             VersionCount(version=v, count=c) for v, c in zip(versions, counts, strict=True) if c
         ),
         partial=draw(st.integers(0, successes)),
+        contradicted=tuple(
+            Contradiction(version=v, recorded=v + 1 + d)
+            for v, d in draw(st.lists(st.tuples(st.integers(0, 9), st.integers(0, 3)), max_size=2))
+        ),
         fates=draw(
             st.none()
             | st.builds(

@@ -1110,6 +1110,31 @@ def test_no_request_waits_on_a_shard_the_ledger_says_has_left(sqlite_url, engine
     assert fates == {0: (1, 0), 1: (0, 1), 2: (0, 1)}
 
 
+def test_an_engine_older_than_the_ledger_recorded_is_evidence_never_an_overwrite(
+    sqlite_url, loop, serve
+):
+    # The ledger records a refit to v5 completed on shard 0; its engine says v2 (a
+    # replacement nobody recorded, a load that never happened): counted each time,
+    # kept once as evidence, and the ledger's own view of the shard does not move.
+    shard = SimulatedShard(0, generation_s=0.0, weight_version=2, serve_http=True)
+    ledger = start_run(sqlite_url, [loop.run(shard.start_http())])
+    ledger.refit_started(5)
+    ledger.refit_completed(5)
+    running = serve(sqlite_url, window_s=0.05)
+    for _ in range(3):
+        raw = running.client.completions.with_raw_response.create(model="m", prompt="p")
+        assert raw.headers["x-fleetledger-weight-version"] == "2"  # the engine's word
+    metrics = httpx.get(running.router.url.removesuffix("/v1") + "/metrics").text
+    assert 'fleetledger_router_attestations_contradicted_total{shard="0"} 3.0' in metrics
+    running.stop()
+    said = [c for w in windows(sqlite_url) for o in w.outcomes for c in o.contradicted]
+    assert [(c.version, c.recorded) for c in said] == [(2, 5)]
+    ledger.catch_up()
+    assert ledger.view.shards[0].weight_version == 5
+    assert ledger.view.served.contradicted == [(0, 2, 5)]
+    assert "shard 0 said v2 where the ledger recorded v5" in ledger.view.served.describe()
+
+
 # ── the wire ─────────────────────────────────────────────────────────────────
 
 

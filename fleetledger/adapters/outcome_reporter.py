@@ -31,6 +31,7 @@ from fleetledger.adapters.failure_taxonomy import (
 from fleetledger.adapters.retry_policy import FATES, Fate
 from fleetledger.events.models import (
     MAX_EXAMPLE,
+    Contradiction,
     FailureCount,
     OutcomeWindowReported,
     RolloutFates,
@@ -49,6 +50,7 @@ class _ShardTally:
     versions: dict[int, int] = field(default_factory=dict)  # successes by attested version
     partial: int = 0
     fates: Counter[str] | None = None  # what became of failed attempts, where told
+    contradicted: list[Contradiction] = field(default_factory=list)
     failures: Counter[tuple[str, str]] = field(default_factory=Counter)
     examples: dict[tuple[str, str], str] = field(default_factory=dict)  # the first of each
 
@@ -93,6 +95,16 @@ class OutcomeWindow:
                 versions[version] = versions.get(version, 0) + count
             if partial:
                 tally.partial += count
+
+    def contradiction(self, shard: int, version: int, recorded: int) -> None:
+        """``shard`` attested ``version`` where the ledger recorded ``recorded`` loaded:
+        evidence handed over with the window."""
+        _check_shard(shard)
+        evidence = Contradiction(version=version, recorded=recorded)
+        with self._lock:
+            tally = self._tallies.setdefault(shard, _ShardTally())
+            if evidence not in tally.contradicted:
+                tally.contradicted.append(evidence)
 
     def fate(self, shard: int, fate: Fate, count: int = 1) -> None:
         """What became of ``count`` attempts that failed on ``shard`` (``run_rollout``'s
@@ -150,6 +162,7 @@ class OutcomeWindow:
                 ),
                 partial=tally.partial,
                 fates=None if tally.fates is None else RolloutFates(**tally.fates),
+                contradicted=tuple(tally.contradicted),
                 failures=tuple(
                     FailureCount(
                         category=category,  # type: ignore[arg-type]
@@ -228,6 +241,9 @@ class OutcomeReporter:
     ) -> None:
         self._window.success(shard, count, version=version, partial=partial)
         self._flush_if_due()
+
+    def contradiction(self, shard: int, version: int, recorded: int) -> None:
+        self._window.contradiction(shard, version, recorded)
 
     def fate(self, shard: int, fate: Fate, count: int = 1) -> None:
         """What became of ``count`` attempts that failed on ``shard``."""

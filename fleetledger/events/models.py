@@ -410,6 +410,18 @@ class VersionCount(BaseModel):
     count: int = Field(ge=1)
 
 
+class Contradiction(BaseModel):
+    """An engine attested weights the ledger contradicts: it generated from ``version``,
+    older than the ``recorded`` version the ledger had it load (a completed refit)
+    before the request was routed. Evidence, recorded once per shard and recorded
+    version; never used to overwrite what the ledger says."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: WeightVersion
+    recorded: WeightVersion
+
+
 class RolloutFates(BaseModel):
     """What became of the attempts that failed on one shard in one window, as the
     adapter's retry policy decided: tried again elsewhere, given up (skipped or
@@ -431,7 +443,8 @@ class ShardOutcomes(BaseModel):
     successes the engine attested as generated from partial weights. ``fates``: what
     became of the attempts that failed on this shard in the window (None: the adapter
     did not say — a row written before the field, an adapter that does not know —
-    "unknown" in every answer, never zero).
+    "unknown" in every answer, never zero). ``contradicted``: attestations the ledger
+    contradicts (:class:`Contradiction`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -442,6 +455,7 @@ class ShardOutcomes(BaseModel):
     versions: tuple[VersionCount, ...] = ()
     partial: int = Field(default=0, ge=0)
     fates: RolloutFates | None = None
+    contradicted: tuple[Contradiction, ...] = ()
 
     @model_validator(mode="after")
     def _attested_within_successes(self) -> ShardOutcomes:

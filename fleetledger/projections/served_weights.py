@@ -41,9 +41,13 @@ class ServedWeights:
     # trainer version -> staleness -> rollouts; and the unknown ones per trainer version
     staleness: dict[int, dict[int, int]] = field(default_factory=dict)
     unknown_at: dict[int, int] = field(default_factory=dict)
+    # Attestations the ledger contradicts: (shard, attested, recorded), once each.
+    contradicted: list[tuple[int, int, int]] = field(default_factory=list)
 
     def add_window(self, outcomes: Iterable[ShardOutcomes], trainer_version: int) -> None:
         for o in outcomes:
+            for c in o.contradicted:
+                self.contradicted.append((o.shard, c.version, c.recorded))
             if not o.successes:
                 continue
             if o.versions:
@@ -87,6 +91,12 @@ class ServedWeights:
         if versions:
             line += f" — {per_version}; staleness {spread}"
         line += f"; unknown {self.unknown}" + (f"; partial {self.partial}" if self.partial else "")
+        if self.contradicted:
+            shard, said, recorded = self.contradicted[-1]
+            line += (
+                f"; contradicted by the ledger {len(self.contradicted)}× (last: shard {shard} "
+                f"said v{said} where the ledger recorded v{recorded})"
+            )
         return line
 
     def as_json(self) -> dict[str, Any]:
@@ -97,6 +107,7 @@ class ServedWeights:
             "unknown": self.unknown,
             "staleness": {str(t): _keyed(s) for t, s in sorted(self.staleness.items())},
             "unknown_at": _keyed(self.unknown_at),
+            "contradicted": [list(c) for c in self.contradicted],
         }
 
     @classmethod
@@ -107,6 +118,7 @@ class ServedWeights:
             unknown=int(d["unknown"]),
             staleness={int(t): _unkeyed(s) for t, s in d["staleness"].items()},
             unknown_at=_unkeyed(d["unknown_at"]),
+            contradicted=[(int(a), int(b), int(c)) for a, b, c in d["contradicted"]],
         )
 
 

@@ -162,6 +162,7 @@ class Router:
         self._in_flight = InFlight()
         # Per shard, the exchanges in flight on it and the base URL each went to.
         self._exchanges: dict[int, dict[Exchange, str]] = {}
+        self._contradictions: set[tuple[int, int]] = set()  # (shard, recorded) said
         self._note_routable()
         self._origins: dict[str, Origin] = {}
         self._pool = BackendPool(self.config.connect_bound_s)
@@ -371,6 +372,29 @@ class Router:
             self.reporter.failure(shard, status=done.status, detail=done.detail)
         elif done.status is not None:
             self.reporter.success(shard, version=done.attested, partial=done.partial)
+            if done.attested is not None and done.attested < backend.weight_version:
+                self._contradicted(backend, done.attested)
+
+    def _contradicted(self, backend: Backend, attested: int) -> None:
+        """The engine generated from weights older than the ledger had recorded it load
+        before the request was routed (a completed refit): counted every time, kept as
+        evidence in the window once per shard and recorded version, never used to
+        overwrite the ledger. (An attestation ahead of the ledger is not judged: the
+        router's view lags the ledger by up to a poll, and a load completes before the
+        refit that pushed it is recorded complete.)"""
+        shard, recorded = backend.shard, backend.weight_version
+        self.metrics.contradicted.labels(shard=str(shard)).inc()
+        if (shard, recorded) in self._contradictions:
+            return
+        self._contradictions.add((shard, recorded))
+        self.reporter.contradiction(shard, attested, recorded)
+        _log.warning(
+            "an engine attested weights the ledger contradicts",
+            run=self.run,
+            shard=shard,
+            attested=attested,
+            recorded=recorded,
+        )
 
     # ── the handler ─────────────────────────────────────────────────────────
 

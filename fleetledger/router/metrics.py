@@ -54,6 +54,12 @@ class RouterMetrics:
             "Requests in flight ended because the ledger said their shard left the fleet.",
             registry=self.registry,
         )
+        self.contradicted = Counter(
+            "fleetledger_router_attestations_contradicted",
+            "Answers whose engine attested weights older than the ledger recorded it load.",
+            ["shard"],
+            registry=self.registry,
+        )
         self.resent = Counter(
             "fleetledger_router_resent",
             "Requests re-sent to another shard after theirs left before answering.",
