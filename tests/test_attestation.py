@@ -235,51 +235,99 @@ def _versions_in(text: str) -> list[int]:
     return [int(word[1:]) for word in text.split() if word[:1] == "v" and word[1:].isdigit()]
 
 
-def test_a_refit_landing_mid_generation_shows_in_the_generation_it_produced():
+def test_a_refit_landing_mid_generation_shows_in_the_tokens_after_it():
+    """Driven token by token, so the load lands between two tokens by construction
+    (not by a sleep racing the engine)."""
+
     async def scenario():
-        shard = SimulatedRefitShard(0, generation_s=0.4, reload_s=0.0)
-        generation = asyncio.ensure_future(shard.generate(REQUEST))
-        await asyncio.sleep(0.2)
+        shard = SimulatedRefitShard(0, generation_s=0.0)
+        stream = aiter(shard.tokens(REQUEST))
+        first = await anext(stream)
         shard._held.load_begins(1)  # the load a refit's push makes, completed at once
         shard._held.load_completes(1)
-        return await generation
+        rest = [token async for token in stream]
+        # generate() stamps the first token's version and the last's, partial said.
+        shard._held.load_begins(2)
+        shard._held.load_failed()
+        return first, rest, await shard.generate(REQUEST)
 
-    result = asyncio.run(scenario())
-    tokens = _versions_in(result.text)
-    assert len(tokens) == 8 and tokens[0] == 0 and tokens[-1] == 1
-    assert (result.weight_version, result.weight_version_end) == (tokens[0], tokens[-1])
-    assert not result.weights_partial
+    first, rest, generation = asyncio.run(scenario())
+    assert first.version == 0 and [t.version for t in rest] == [1] * 7
+    assert _versions_in(first.text + "".join(t.text for t in rest)) == [0] + [1] * 7
+    assert (generation.weight_version, generation.weight_version_end) == (1, 1)
+    assert generation.weights_partial and _versions_in(generation.text) == [1] * 8
 
 
 def test_the_simulated_engine_over_http_names_each_answers_weights():
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("aiohttp")
 
-    async def scenario() -> tuple[Any, ...]:
-        shard = SimulatedShard(0, generation_s=0.4, serve_http=True)
+    async def scenario() -> tuple[Any, list[tuple[Any, list[str]]]]:
+        shard = SimulatedShard(0, generation_s=0.8, serve_http=True)
         base = await shard.start_http()
         body = {"model": "fleetledger-sim", "prompt": "x", "max_tokens": 8}
+        streams = []
         async with httpx.AsyncClient(timeout=10) as client:
             whole = await client.post(f"{base}/completions", json=body)
-            lines: list[str] = []
-            async with client.stream(
-                "POST", f"{base}/completions", json={**body, "stream": True}
-            ) as streamed:
-                async for line in streamed.aiter_lines():
-                    lines.append(line)
-                    if len(lines) == 3:  # two events in: the refit lands mid-stream
-                        await shard.set_weight_version(1)
-        return whole, streamed.headers, lines
+            # Until a refit lands inside a stream (one per try; each 0.1 s per token).
+            for version in range(1, 4):
+                lines: list[str] = []
+                async with client.stream(
+                    "POST", f"{base}/completions", json={**body, "stream": True}
+                ) as streamed:
+                    async for line in streamed.aiter_lines():
+                        lines.append(line)
+                        if len(lines) == 3:  # two events in: the refit lands now
+                            await shard.set_weight_version(version)
+                streams.append((streamed.headers, lines))
+                ends = [end_in_line(line) for line in lines if line.startswith(":")]
+                said = read_attestation(streamed.headers, ends[0] if ends else None)
+                if said is not None and said.moved:
+                    break
+        return whole, streams
 
-    whole, stream_headers, lines = asyncio.run(scenario())
+    whole, streams = asyncio.run(scenario())
     said = read_attestation(whole.headers)
     tokens = _versions_in(whole.json()["choices"][0]["text"])
     assert said == Attested(tokens[0], tokens[-1]) == Attested(0, 0)
-    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-    streamed_tokens = _versions_in("".join(e["choices"][0]["text"] for e in events))
-    ends = [end_in_line(line) for line in lines if end_in_line(line) is not None]
-    assert read_attestation(stream_headers, ends[0]) == Attested(0, 1)
-    assert (streamed_tokens[0], streamed_tokens[-1]) == (0, 1)
-    # The end line is the last before [DONE] (a parser that stops at [DONE] has read it).
-    said_lines = [line for line in lines if line]
-    assert said_lines[-2:] == [": x-fleetledger-weight-version-end 1", "data: [DONE]"]
+    moved = False
+    for headers, lines in streams:
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        streamed_tokens = _versions_in("".join(e["choices"][0]["text"] for e in events))
+        ends = [end_in_line(line) for line in lines if end_in_line(line) is not None]
+        attested = read_attestation(headers, ends[0])
+        # Every stream names the versions its own tokens came from.
+        assert attested == Attested(streamed_tokens[0], streamed_tokens[-1])
+        # The end line is the last before [DONE] (a parser that stops there has read it).
+        said_lines = [line for line in lines if line]
+        assert said_lines[-2:] == [f": x-fleetledger-weight-version-end {ends[0]}", "data: [DONE]"]
+        moved = moved or attested.moved
+    assert moved, f"no refit landed inside any of {len(streams)} streams"
+
+
+def test_the_old_simulated_app_call_still_serves_and_warns():
+    httpx = pytest.importorskip("httpx")
+    web = pytest.importorskip("aiohttp.web")
+    from fleetledger.engines.simulated_http import simulated_app
+
+    async def scenario() -> tuple[Any, list[str]]:
+        shard = SimulatedShard(0, generation_s=0.0, weight_version=3)
+        with pytest.warns(DeprecationWarning, match=r"simulated_app\(shard, generate\)"):
+            app = simulated_app(0, shard.generate)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        base = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        body = {"model": "fleetledger-sim", "prompt": "x", "max_tokens": 2, "stream": True}
+        async with (
+            httpx.AsyncClient(timeout=10) as client,
+            client.stream("POST", f"{base}/completions", json=body) as streamed,
+        ):
+            lines = [line async for line in streamed.aiter_lines() if line]
+        await runner.cleanup()
+        return streamed.headers, lines
+
+    headers, lines = asyncio.run(scenario())
+    assert read_attestation(headers, end_in_line(lines[-2])) == Attested(3, 3)
+    assert len([line for line in lines if line.startswith("data: {")]) == 1  # one event

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
@@ -23,7 +24,7 @@ from fleetledger.events.attestation import attestation_headers, end_comment
 from fleetledger.shards.contract import Generation, GenerationRequest, RolloutDataFailure
 
 if TYPE_CHECKING:
-    from fleetledger.engines.simulated import Token
+    from fleetledger.engines.simulated import Token  # it loads Ray: only for the old call
 
 __all__ = ["MODEL_NAME", "simulated_app"]
 
@@ -94,10 +95,38 @@ async def _stream(
     return response
 
 
-def simulated_app(generate: Generate, tokens: Tokens) -> web.Application:
+def _one_token(generate: Generate) -> Tokens:
+    """A token stream of one piece made from a whole generation (the old signature)."""
+    from fleetledger.engines.simulated import Token  # it loads Ray: only for the old call
+
+    async def tokens(request: GenerationRequest) -> AsyncIterator[Token]:
+        generation = await generate(request)
+        yield Token(generation.text, generation.weight_version, generation.weights_partial)
+
+    return tokens
+
+
+def simulated_app(
+    generate: Generate | int, tokens: Tokens | Generate | None = None
+) -> web.Application:
     """The routes, answered by ``generate`` (the shard's own generation) and ``tokens``
     (the same, token by token, for streams). Every answer carries the engine's
-    attestation of its weights (``fleetledger.events.attestation``)."""
+    attestation of its weights (``fleetledger.events.attestation``).
+
+    ``simulated_app(shard, generate)``, the signature before attestation, still works
+    and warns: its streams are one event, the whole generation."""
+    if isinstance(generate, int):
+        warnings.warn(
+            "simulated_app(shard, generate) is deprecated: call simulated_app(generate, "
+            "tokens) (streams token by token); the shard index is no longer used",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        generate = cast(Generate, tokens)
+        tokens = None
+    if tokens is None:
+        tokens = _one_token(generate)
+    tokens = cast(Tokens, tokens)
 
     async def models(_request: web.Request) -> web.Response:
         model = {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "fleetledger"}

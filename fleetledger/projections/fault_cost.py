@@ -40,6 +40,7 @@ from fleetledger.events.models import (
     iso_at,
 )
 from fleetledger.projections.fleet_view import FleetView
+from fleetledger.projections.history import History
 from fleetledger.projections.json_form import JsonForm
 from fleetledger.projections.shard_states import SERVING, Input, ShardState, Transition
 
@@ -291,8 +292,6 @@ class FaultCosts:
 def fault_costs(events: Iterable[RecordedEvent]) -> tuple[FaultCost, ...]:
     """Every fault of a run's events (from seq 1) and what it cost: what ``explain``
     computes while it replays, for a caller that holds the events."""
-    from fleetledger.projections.history import History  # history reads this module's peers
-
     costs = FaultCosts()
     history: History | None = None
     for recorded in events:
