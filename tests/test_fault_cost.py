@@ -11,6 +11,7 @@ from fleetledger.events.models import (
     Event,
     FailureCount,
     OutcomeWindowReported,
+    ProbeFailure,
     ProbeRound,
     RecordedEvent,
     RefitAborted,
@@ -46,6 +47,11 @@ def _failed(shard: int, n: int, fates: RolloutFates | None) -> OutcomeWindowRepo
     return OutcomeWindowReported(
         adapter="loop", outcomes=(ShardOutcomes(shard=shard, failures=failures, fates=fates),)
     )
+
+
+def _silent(shard: int) -> ProbeRound:
+    others = tuple(s for s in range(3) if s != shard)
+    return ProbeRound(ok=others, failed=(ProbeFailure(shard=shard, kind="timeout"),))
 
 
 def _readmitted(shard: int, version: int) -> list[Event]:
@@ -93,6 +99,24 @@ def test_a_condemnation_by_reported_streak_counts_the_streak_that_made_it():
     (condemned,) = _costs(record_run(fleet_config(3), events))
     assert (condemned.seq, condemned.kind, condemned.shards) == (4, "condemned", (2,))
     assert (condemned.in_flight, condemned.redispatched, condemned.failures_seen) == (3, 3, 3)
+
+
+def test_a_freeze_condemned_by_probes_counts_the_failures_that_led_into_it():
+    """The attempts a freeze broke are reported before its probe streak condemns it:
+    they are its cost; a failure followed by a window of successes alone was a blip."""
+    fates = RolloutFates(redispatched=1)
+    ok = OutcomeWindowReported(adapter="loop", outcomes=(ShardOutcomes(shard=1, successes=2),))
+    events: list[Event] = [
+        _failed(1, 1, fates),  # seq 2: a blip...
+        ok,  # seq 3: ...then successes: not the freeze's
+        _failed(1, 1, fates),  # seq 4: the freeze's first broken attempt
+        *(_silent(1) for _ in range(3)),  # seq 5..7: condemned at 7
+        _failed(1, 1, RolloutFates(dropped=1)),  # seq 8: one more, after the verdict
+    ]
+    (condemned,) = _costs(record_run(fleet_config(3), events))
+    assert (condemned.seq, condemned.kind, condemned.shards) == (7, "condemned", (1,))
+    assert (condemned.in_flight, condemned.redispatched, condemned.dropped) == (2, 1, 1)
+    assert condemned.failures_seen == 2
 
 
 def test_a_refit_abort_costs_the_partial_shards_time_and_what_partial_weights_served():

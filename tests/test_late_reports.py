@@ -1,4 +1,5 @@
-"""Reports that arrive after their run ended are counted and said once, at info.
+"""Reports that arrive after their run ended are counted and said once, at info; a failed
+attempt and its fate land in one window.
 
 After the controller ended a run, each rollout still in flight logged "rollout failure
 not recorded … nothing may be appended" at error level. A report that meets the run's
@@ -8,6 +9,8 @@ logged at info; any other refusal is still an error. On a real SQLite ledger.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import json
 import threading
@@ -15,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fleetledger.adapters.retry_policy import Attempt, RetryPolicy, RolloutCounters, run_rollout
 from fleetledger.config import FleetHealthConfig
 from fleetledger.controller.ledger import Ledger, ProbeResult
 from fleetledger.controller.probe_pump import ProbePump
@@ -91,3 +95,77 @@ def test_another_refusal_is_still_an_error(lines, sqlite_url) -> None:
     errors = [e for e in _logged(lines) if e["level"] == "error"]
     assert [e["event"] for e in errors] == ["rollout failure not recorded"]
     assert open_run.late_reports.counts() == {}
+
+
+# ── a failure and its fate: one window, handed over before the retry re-selects ──
+
+
+def _windows(ledger: Ledger) -> list:
+    return [
+        r.event for r in ledger.log.read(ledger.run, 0) if r.event.type == "outcome_window_reported"
+    ]
+
+
+@pytest.fixture
+def open_ledger(sqlite_url: str) -> Iterator[Ledger]:
+    with EventLog.open(sqlite_url) as log:
+        yield Ledger.start(log, "r", fleet_config(3))
+
+
+def test_a_failed_attempt_and_its_fate_are_one_window_recorded_before_the_retry(
+    open_ledger: Ledger,
+) -> None:
+    """Two windows (the failure, then its fate) left a fault's cost unable to say what
+    became of the failure; the failure must still be in the ledger when the retry picks."""
+    reports = GenerationReports(open_ledger, "rollouts")
+    picks = iter((1, 2))
+    seen_at_retry: list[list] = []
+
+    def select() -> contextlib.AbstractContextManager[int]:
+        shard = next(picks)
+        if shard == 2:
+            seen_at_retry.append(_windows(open_ledger))
+        return contextlib.nullcontext(shard)
+
+    async def generate(attempt: Attempt[int]) -> str:
+        if attempt.shard == 1:
+            reports.failure(1, TimeoutError("generation timed out"))
+            raise TimeoutError("generation timed out")
+        return "ok"
+
+    async def no_wait(_s: float) -> None:
+        await asyncio.sleep(0)
+
+    result = asyncio.run(
+        run_rollout(
+            generate,
+            select_shard=select,
+            policy=RetryPolicy(),
+            counters=RolloutCounters(),
+            sleep=no_wait,
+            on_fate=reports.fate,
+        )
+    )
+    assert result == "ok"
+    (window,) = seen_at_retry[0]
+    (outcome,) = window.outcomes
+    assert (outcome.shard, outcome.infra_failures) == (1, 1)
+    assert outcome.fates is not None and outcome.fates.redispatched == 1
+
+
+def test_a_failure_nobody_tells_the_fate_of_is_handed_over_on_the_loops_next_turn(
+    open_ledger: Ledger,
+) -> None:
+    reports = GenerationReports(open_ledger, "rollouts")
+
+    async def fail_then_yield() -> tuple[int, int]:
+        reports.failure(0, TimeoutError("generation timed out"))
+        before = len(_windows(open_ledger))
+        await asyncio.sleep(0)
+        return before, len(_windows(open_ledger))
+
+    assert asyncio.run(fail_then_yield()) == (0, 1)
+    (window,) = _windows(open_ledger)
+    assert window.outcomes[0].fates is None  # nobody said: a fault's cost says unknown
+    reports.failure(2, TimeoutError("generation timed out"))  # outside an event loop: at once
+    assert len(_windows(open_ledger)) == 2

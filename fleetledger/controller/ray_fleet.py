@@ -432,14 +432,22 @@ class GenerationReports:
     (a stale one is dropped by the ledger), any other infrastructure failure is counted
     in the window and handed over; data failures and cancellations are not the shard's.
     A ledger error is logged, never raised from here: the rollout's own failure must
-    keep its classification. ``success`` counts; ``flush`` hands the window over (at the
-    end of each step, say).
+    keep its classification. ``success`` counts; ``fate`` (``run_rollout``'s
+    ``on_fate``) says what became of a failed attempt and hands the window over;
+    ``flush`` hands it over (at the end of each step, say).
+
+    A failure and its fate land in one window: ``run_rollout`` tells the fate in the
+    same turn of the event loop as the failure, so the failure's hand-over waits for the
+    loop's next turn — where a caller that tells no fates has it handed over, still
+    before the retry's backoff ends and it re-selects. Two windows would leave a fault's
+    cost unable to say what became of the failure (its window said no fate).
     """
 
     def __init__(self, ledger: Ledger, adapter: str) -> None:
         self.ledger = ledger
         self.adapter = adapter
         self.window = OutcomeWindow()
+        self._failure_pending = False
 
     def success(self, shard: int, *, version: int | None = None, partial: bool = False) -> None:
         """Count a success; ``version``: the weight version the engine attested."""
@@ -447,11 +455,13 @@ class GenerationReports:
 
     def fate(self, shard: int, fate: Fate) -> None:
         """What became of an attempt that failed on ``shard`` (``run_rollout``'s
-        ``on_fate``): handed over with the window, so a fault's cost says it."""
+        ``on_fate``): handed over now, with the failure it follows, so a fault's cost
+        says it."""
         self.window.fate(shard, fate)
+        self._guarded(self.flush)
 
     def failure(self, shard: int, exc: BaseException) -> None:
-        try:
+        def record() -> None:
             death = actor_death_of(exc)
             if death is not None:
                 self.flush()
@@ -460,13 +470,32 @@ class GenerationReports:
                 )
             elif classify_exception(exc).kind is FailureKind.INFRA:
                 self.window.failure(shard, exc)
-                self.flush()
+                self._flush_soon()
+
+        self._guarded(record)
+
+    def _flush_soon(self) -> None:
+        """Hand the window over on the event loop's next turn (its fate told meanwhile
+        goes with it), or now outside one."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if not self._failure_pending:
+            self._failure_pending = True
+            loop.call_soon(self._guarded, self.flush)
+
+    def _guarded(self, append: Callable[[], None]) -> None:
+        try:
+            append()
         except RunAlreadyEnded as ended:
             self.ledger.late_reports.count("rollout failure", ended)
         except LedgerError as problem:
-            _log.error("rollout failure not recorded", shard=shard, problem=str(problem))
+            _log.error("rollout failure not recorded", problem=str(problem))
 
     def flush(self) -> None:
+        self._failure_pending = False
         outcomes = self.window.take()
         if outcomes:
             self.ledger.report_outcomes(self.adapter, outcomes)

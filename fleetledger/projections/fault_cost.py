@@ -18,10 +18,13 @@ a stall. For each:
   or refit) to the fault; for an abort, from the refit's start; for a stall, the idle
   time it declared — and **to re-admission** (None: not re-admitted).
 
-Each fault covers its shards from its first evidence (a reported streak's first window)
-until the shard serves again or the shard's next fault, so a shard's failures are never
-counted twice. Pure: fed each event with the view right after it (``observe``), it reads
-no clock; ``finish`` closes what is still open at the view's last event.
+Each fault covers its shards from its first evidence — the first window of the failures
+that led into it (reported since the shard's last window of successes alone), or the
+first entry of its judgement's evidence — until the shard serves again or the shard's
+next fault, so a shard's failures are never counted twice, and the attempts a freeze
+broke before its condemnation are its own. Pure: fed each event with the view right
+after it (``observe``), it reads no clock; ``finish`` closes what is still open at the
+view's last event.
 """
 
 from __future__ import annotations
@@ -173,6 +176,9 @@ class FaultCosts:
         self._windows: dict[int, list[_Window]] = {}  # shard -> its windows, by seq
         self._refit_at: int | None = None  # when the refit in progress started
         self._abort: _Open | None = None  # the last abort, until the next refit starts
+        # shard -> the seq of the first window of its failures since its last window of
+        # successes alone (while no fault's span holds it)
+        self._failing_since: dict[int, int] = {}
 
     def observe(
         self, recorded: RecordedEvent, transitions: list[Transition], view: FleetView
@@ -200,15 +206,17 @@ class FaultCosts:
     def _transition(self, t: Transition, view: FleetView) -> None:
         entering_dead = t.after is ShardState.DEAD and t.before is not ShardState.DEAD
         back = t.after in SERVING and t.before not in SERVING
+        failing_since = t.seq
         if entering_dead or back:
             self._close(t.shard, t.seq, t.at_us, back=back)
+            failing_since = self._failing_since.pop(t.shard, t.seq)
         if entering_dead:
             last_ok = view.shards[t.shard].last_ok_at_us
             kind = _KIND_OF_INPUT.get(t.input, "condemned")
             detection = None if last_ok is None else max(0, t.at_us - last_ok) / _US
             fault = _Open(t.seq, t.at_us, kind, t.rule, detection)
             self._faults.append(fault)
-            self._start(fault, t.shard, min((t.seq, *t.evidence)), t.at_us)
+            self._start(fault, t.shard, min((t.seq, failing_since, *t.evidence)), t.at_us)
         elif t.input is Input.WEIGHTS_PARTIAL and t.after is ShardState.STALE:
             if self._abort is not None and t.shard not in self._open_span:
                 self._start(self._abort, t.shard, t.seq, t.at_us)
@@ -232,6 +240,11 @@ class FaultCosts:
                 fates = (o.fates.redispatched, o.fates.dropped, o.fates.ended_run)
             elif not o.infra_failures:
                 fates = (0, 0, 0)  # nothing failed: nothing to say, nothing unknown
+            if o.shard not in self._open_span:
+                if o.infra_failures:
+                    self._failing_since.setdefault(o.shard, seq)
+                elif o.successes:
+                    self._failing_since.pop(o.shard, None)
             stale = sum(v.count for v in o.versions if v.version < completed)
             self._windows.setdefault(o.shard, []).append(
                 _Window(seq, o.infra_failures, fates, o.partial, stale, o.unattested)
