@@ -460,9 +460,11 @@ def test_a_backend_that_hangs_up_is_500_recorded_and_avoided(sqlite_url, engines
     # failure would name the shard and re-admit it (the rule the next test pins).
     running = serve(sqlite_url, window_s=3600)
     engines[0].mode = "hang_up"
-    status, body = call("POST", running.router.url + "/completions", {"prompt": "x"})
-    assert status == 500
-    error = json.loads(body)["error"]
+    with pytest.raises(openai.InternalServerError) as failed:
+        running.client.completions.create(model="tiny", prompt="x")
+    assert failed.value.status_code == 500
+    assert failed.value.response.headers["x-fleetledger-shard"] == "0"  # whose failure
+    error = failed.value.response.json()["error"]
     assert error["type"] == "backend_error" and "shard 0" in error["message"]
     assert running.router.routable == (1,)
     for i in range(4):
@@ -1065,6 +1067,7 @@ def test_no_request_waits_on_a_shard_the_ledger_says_has_left(sqlite_url, engine
         ledger.actor_died(0, "frozen, then condemned")
         moved = held.result(timeout=30)
     assert moved.headers["x-fleetledger-shard"] == "1"  # re-sent, answered by shard 1
+    assert moved.headers["x-fleetledger-resent-from"] == "0"  # ... off the shard that left
     assert (engines[0].generations, engines[1].generations) == (1, 1)
     # Opted out: the client is told at once, with the shard and the seq.
     engines[1].hold()
@@ -1077,6 +1080,7 @@ def test_no_request_waits_on_a_shard_the_ledger_says_has_left(sqlite_url, engine
         with pytest.raises(openai.InternalServerError) as ended:
             kept.result(timeout=30)
     assert ended.value.status_code == 503
+    assert ended.value.response.headers["x-fleetledger-shard"] == "1"
     assert f"shard 1 left the fleet at seq {ledger.view.seq} (it is DEAD)" in str(ended.value)
     assert engines[2].generations == 0  # not re-sent
     # A stream already flowing is cut after an error event saying why.

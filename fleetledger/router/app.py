@@ -428,6 +428,7 @@ class Router:
         arrived = time.monotonic()
         resends_left = 1  # a request whose shard left before answering goes elsewhere once
         left = ""
+        resent_from: int | None = None
         while True:
             table = self._table
             shard = self._in_flight.take(table.candidates(self.avoidance.avoided))
@@ -452,13 +453,14 @@ class Router:
                     may_resend=resends_left > 0,
                     in_flight=exchanges,
                     base_url=base_url,
+                    resent_from=resent_from,
                 )
             finally:
                 self._in_flight.release(shard)
             self._account(backend, done)
             if not done.resend:
                 break
-            resends_left, left = resends_left - 1, done.left
+            resends_left, left, resent_from = resends_left - 1, done.left, shard
             self.metrics.resent.inc()
         self.metrics.count(route=path, status=_status_label(done))
         if done.first_byte_at is not None:

@@ -54,6 +54,7 @@ from fleetledger.router.front import Front, Inbound
 
 __all__ = [
     "RESEND_HEADER",
+    "RESENT_FROM_HEADER",
     "SHARD_HEADER",
     "WEIGHT_VERSION_END_HEADER",
     "WEIGHT_VERSION_HEADER",
@@ -66,10 +67,16 @@ __all__ = [
 ]
 
 SHARD_HEADER = "x-fleetledger-shard"
-"""The response header naming the shard that answered (added to the backend's own)."""
+"""The response header naming the shard that answered (added to the backend's own), or,
+on the router's own 500 ``backend_error`` and 503 ``shard_left``, the shard it is about."""
+RESENT_FROM_HEADER = "x-fleetledger-resent-from"
+"""A response header: the answer was re-sent here after the shard it names left the
+fleet with the request unanswered."""
 RESEND_HEADER = b"x-fleetledger-resend"
 """A request header: ``never`` keeps a request off every shard but the first (a re-sent
 generation is generated twice where the first engine had begun)."""
+_SHARD = SHARD_HEADER.encode()
+_RESENT_FROM = RESENT_FROM_HEADER.encode()
 _ATTESTED = WEIGHT_VERSION_HEADER.encode()
 _WEIGHTS = WEIGHTS_HEADER.encode()
 _FROM_LEDGER = b"%s: ledger\r\n" % VERSION_SOURCE_HEADER.encode()
@@ -229,6 +236,7 @@ class Exchange:
         "inbound",
         "may_resend",
         "outcome",
+        "resent_from",
         "shard",
         "timer",
         "version_at",
@@ -263,6 +271,7 @@ class Exchange:
         # not worth a rare re-send).
         self._body: list[bytes] | None = None if inbound.chunked else []
         self.may_resend = False
+        self.resent_from: int | None = None  # the shard that left before this re-send
 
     @property
     def request_whole(self) -> bool:
@@ -283,7 +292,9 @@ class Exchange:
         read = read_head(headers)
         keep_length = read.has_length and not read.chunked
         lines = read.lines
-        lines.append(b"%s: %d\r\n" % (SHARD_HEADER.encode(), self.shard))
+        lines.append(b"%s: %d\r\n" % (_SHARD, self.shard))
+        if self.resent_from is not None:
+            lines.append(b"%s: %d\r\n" % (_RESENT_FROM, self.resent_from))
         outcome.attested = read.attested
         outcome.partial = read.partial
         if read.attested is None:  # a foreign engine: the ledger's view, said as such
@@ -358,7 +369,8 @@ class Exchange:
                 f"backend of shard {self.shard} ({self.conn.origin.key}) failed before "
                 f"answering: {type(exc).__name__}: {exc}"
             )
-            error_answer(self.front, self.inbound, 500, "backend_error", message)
+            shard = b"%s: %d\r\n" % (_SHARD, self.shard)
+            error_answer(self.front, self.inbound, 500, "backend_error", message, extra=shard)
             outcome.answered = 500
         self._finish()
 
@@ -410,7 +422,8 @@ class Exchange:
             self.inbound.expect_continue = False  # the client was told to go on once
             outcome.resend = True
         else:
-            error_answer(front, self.inbound, 503, "shard_left", why)
+            shard = b"%s: %d\r\n" % (_SHARD, self.shard)
+            error_answer(front, self.inbound, 503, "shard_left", why, extra=shard)
             outcome.answered = 503
         self._finish()
 
@@ -486,12 +499,14 @@ async def forward(
     may_resend: bool = False,
     in_flight: dict[Exchange, str] | None = None,
     base_url: str = "",
+    resent_from: int | None = None,
 ) -> Forwarded:
     """Send ``inbound`` to the backend at ``origin`` and stream its answer back to the
     client; returns what happened once the exchange is over. ``in_flight``: holds the
     exchange (as going to ``base_url``) while it is under way, so the router can end it
     with :meth:`Exchange.leave` when its shard leaves the fleet; ``may_resend``: it may
-    then be re-sent elsewhere."""
+    then be re-sent elsewhere; ``resent_from``: this is such a re-send, off that shard
+    (the answer says so)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + bound_s
     if inbound.expect_continue:
@@ -507,10 +522,12 @@ async def forward(
             f"backend of shard {shard} ({origin.key}) failed before answering: "
             f"{type(exc).__name__}: {exc or 'connect timed out'}"
         )
-        error_answer(front, inbound, 500, "backend_error", message)
+        named = b"%s: %d\r\n" % (_SHARD, shard)
+        error_answer(front, inbound, 500, "backend_error", message, extra=named)
         return Forwarded(error=exc, answered=500)
     exchange = Exchange(front, inbound, conn, shard, version_at, version_now)
     exchange.may_resend = may_resend
+    exchange.resent_from = resent_from
     if in_flight is not None:
         in_flight[exchange] = base_url
     try:
