@@ -8,6 +8,7 @@ moments, judged by the oracle; one line per trial and a summary.
     python bench/chaos_campaign.py --engine vllm --trials 20     # real vLLM engines
     python bench/chaos_campaign.py --only kill@refit_start --trials 20   # one story
     python bench/chaos_campaign.py --engine vllm --stratified 3 --seed 34   # every cell 3x
+    python bench/chaos_campaign.py --router --trials 40     # rollouts through the router
 
 Each trial's scenario (fault kinds, shards, phase, step, delays) is drawn from its own
 seed (printed on its line), so any trial replays alone; ``--seed`` draws the sequence of
@@ -19,8 +20,12 @@ trials share one local Ray cluster and one SQLite ledger (``--db``, a fresh file
 the temp dir by default); each is a run of its own, there to be explained afterwards:
 ``fleetledger explain RUN --db URL``.
 
-What the oracle checks: fleetledger/simulate/oracle.py. Exit status 1 when any trial
-failed it.
+``--router`` sends the loop's rollouts through the run's router (``simulate --router``):
+the oracle then holds each request against the moment its shard left the fleet; without
+it, each fault's cost (from the ledger alone) against what the loop itself counted.
+
+What the oracle checks: fleetledger/simulate/oracle.py and account_oracle.py. Exit status
+1 when any trial failed it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fleetledger.controller.ray_fleet import local_ray
+from fleetledger.simulate.account_oracle import LEFT_WAIT_BOUND_S
 from fleetledger.simulate.campaign import dumps, run_trial
 from fleetledger.simulate.chaos_plan import (
     TrialSettings,
@@ -62,7 +68,8 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
     detection: dict[tuple[str, str], list[float]] = defaultdict(list)
     recovery: dict[tuple[str, str], list[float]] = defaultdict(list)
     scenarios: dict[str, int] = defaultdict(int)
-    n = failed = false_deaths = hung = lost = exhausted = 0
+    left_waits: list[float] = []
+    n = failed = false_deaths = hung = lost = exhausted = costs = routed = 0
     trials_seen = list(trials)
     for trial in trials_seen:
         n += 1
@@ -72,6 +79,9 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
         hung += trial["hung"]
         lost += trial["lost_prompts"]
         exhausted += trial.get("exhausted_by_faults", False)
+        costs += trial.get("costs_checked", 0)
+        routed += trial.get("routed", False)
+        left_waits += trial.get("left_waits_s", [])
         for kind, phase, seconds in trial["detection_s"]:
             detection[kind, phase].append(seconds)
         for kind, phase, seconds in trial["recovery_s"]:
@@ -86,6 +96,16 @@ def summarize(trials: Iterable[dict[str, Any]]) -> int:
         )
     )
     print("  scenarios: " + ", ".join(f"{k} {v}" for k, v in sorted(scenarios.items())))
+    print(
+        f"  fault costs held against the loop's own count: {costs} (in {n - routed} trials "
+        f"the loop picked its shards)"
+    )
+    if routed:
+        print(
+            f"  {routed} trials through the router: {len(left_waits)} requests on a shard "
+            f"that left, waited past its leaving {_figures(left_waits)} "
+            f"(bound {LEFT_WAIT_BOUND_S:g}s)"
+        )
     print(
         "detection: fault → DEAD recorded; recovery: fault → the interrupted refit "
         f"completed (bound from the death: {REFIT_AFTER_DEATH_BOUND_S:g}s)"
@@ -141,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize", nargs="+", metavar="JSONL", help="summarize, run nothing")
     parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
     parser.add_argument(
+        "--router", action="store_true", help="the loop's rollouts through the run's router"
+    )
+    parser.add_argument(
         "--stratified",
         type=int,
         metavar="N",
@@ -159,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 lines += [json.loads(line) for line in f if line.strip()]
         return summarize(lines)
     db = args.db or f"sqlite:///{tempfile.mkdtemp(prefix='fl-chaos-')}/chaos.db"
-    settings = TrialSettings.for_engine(args.engine)
+    settings = TrialSettings.for_engine(args.engine, router=args.router)
     only = None
     if args.only:
         scenario, _, phase = args.only.partition("@")
@@ -180,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     log = EventLog.open(db)  # created (and migrated) once, before any trial reads it
     trials: list[dict[str, Any]] = []
     started = time.monotonic()
-    print(f"chaos campaign: {len(plans)} trials on {args.engine} engines, ledger {db}", flush=True)
+    through = " through the router" if args.router else ""
+    print(
+        f"chaos campaign: {len(plans)} trials on {args.engine} engines{through}, ledger {db}",
+        flush=True,
+    )
     with local_ray():
         import ray
 

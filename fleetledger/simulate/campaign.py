@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fleetledger.events.errors import LedgerError
 from fleetledger.events.models import RecordedEvent
@@ -41,8 +41,9 @@ from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.queries.tail import Tail
 from fleetledger.shards.naming import actor_prefix, shard_actor_name
+from fleetledger.simulate.account import RoutedWait, Tally
 from fleetledger.simulate.chaos_plan import DEFAULT_SETTINGS, Fault, TrialPlan, TrialSettings
-from fleetledger.simulate.spec import SimulationSpec
+from fleetledger.simulate.spec import SimulationResult, SimulationSpec
 from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 
@@ -468,6 +469,10 @@ class TrialOutcome:
     pids_seen: tuple[int, ...] = ()
     elapsed_s: float = 0.0
     condemnation_s: float = 0.0  # the settings' bound a pause must stay under
+    routed: bool = False  # the loop's rollouts went through the run's router
+    # what the loop itself saw (none where the loop ran in a killed controller's process)
+    tallies: tuple[Tally, ...] = ()
+    waits: tuple[RoutedWait, ...] = ()
 
 
 def _expected_prompts(settings: TrialSettings) -> tuple[str, ...]:
@@ -513,9 +518,10 @@ def run_trial(
             outcome.outcome, outcome.cause = _await_controller(child[0], settings)
         else:
             thread.start()
-            outcome.outcome, outcome.cause, outcome.committed_prompts = _run_here(
-                settings.spec(run, stage_dir), db_url, settings.trial_timeout_s
-            )
+            result = _run_here(settings.spec(run, stage_dir), db_url, settings.trial_timeout_s)
+            outcome.outcome, outcome.cause = result.outcome, result.cause
+            outcome.committed_prompts = dict(result.committed_prompts)
+            outcome.tallies, outcome.waits = result.tallies, result.waits
     finally:
         done.set()
         thread.join(30)
@@ -528,13 +534,12 @@ def run_trial(
     outcome.expected_prompts = _expected_prompts(settings)
     outcome.pids_seen = driver.pids_seen
     outcome.condemnation_s = settings.condemnation_s
+    outcome.routed = settings.router
     outcome.elapsed_s = time.monotonic() - started
     return outcome
 
 
-def _run_here(
-    spec: SimulationSpec, db_url: str, timeout_s: float
-) -> tuple[str, str, dict[str, int]]:
+def _run_here(spec: SimulationSpec, db_url: str, timeout_s: float) -> SimulationResult:
     """The simulation on a thread of this process; ``hung`` if it is not back in time."""
     from fleetledger.simulate.loop import Simulation  # torch and the transports: per trial
 
@@ -552,12 +557,13 @@ def _run_here(
     thread = threading.Thread(target=run, name=f"trial-{spec.run}", daemon=True)
     thread.start()
     thread.join(timeout_s)
+    run_id = spec.run or ""
     if thread.is_alive():
-        return "hung", f"not back within {timeout_s:g}s", {}
+        return SimulationResult(run_id, "hung", f"not back within {timeout_s:g}s", 0, {})
     (result,) = box
     if isinstance(result, BaseException):
-        return "error", f"{type(result).__name__}: {result}", {}
-    return result.outcome, result.cause, dict(result.committed_prompts)
+        return SimulationResult(run_id, "error", f"{type(result).__name__}: {result}", 0, {})
+    return cast(SimulationResult, result)
 
 
 def _spawn_controller(
@@ -642,6 +648,7 @@ def dumps(outcome: TrialOutcome, verdict: Any = None) -> str:
         "run": outcome.run,
         "outcome": outcome.outcome,
         "elapsed_s": round(outcome.elapsed_s, 2),
+        "routed": outcome.routed,
         "injections": [i.as_json() for i in outcome.injections],
     }
     if verdict is not None:
@@ -653,5 +660,7 @@ def dumps(outcome: TrialOutcome, verdict: Any = None) -> str:
             "exhausted_by_faults": verdict.exhausted_by_faults,
             "detection_s": [[*key, value] for key, value in verdict.detection_s.items()],
             "recovery_s": [[*key, value] for key, value in verdict.recovery_s.items()],
+            "costs_checked": verdict.costs_checked,
+            "left_waits_s": verdict.left_waits_s,
         }
     return json.dumps(line)

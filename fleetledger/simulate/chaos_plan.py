@@ -23,6 +23,7 @@ __all__ = [
     "TrialPlan",
     "TrialSettings",
     "cells",
+    "kinds_of",
     "plan_trial",
     "stratified_plans",
     "trial_seeds",
@@ -49,6 +50,15 @@ VLLM_KINDS: tuple[Scenario, ...] = (*(k for k in KINDS if k != "two_shards"), "k
 fleet is two engines (three start too slowly together on two cores): two faults on both
 would leave no survivor, so two shards close together is the simulated campaign's."""
 
+
+def kinds_of(settings: TrialSettings) -> tuple[Scenario, ...]:
+    """The scenarios a campaign on ``settings`` draws. With the router in the loop the
+    controller is not killed: the router is the controller's actor and would go with it,
+    and what is judged there is the router's hold on requests."""
+    kinds = VLLM_KINDS if settings.engine == "vllm" else KINDS
+    return tuple(k for k in kinds if k != "kill_controller") if settings.router else kinds
+
+
 # Where a fault of each scenario may land. A fault during a restart or the re-admitting
 # refit needs a shard restarting first: the plan kills another shard early for it.
 _SHARD_PHASES: tuple[Phase, ...] = PHASES
@@ -72,14 +82,16 @@ class TrialSettings:
     refit_timeout_s: float = 2.0
     trial_timeout_s: float = 120.0
     engine: Literal["sim", "vllm"] = "sim"
+    router: bool = False  # the loop's rollouts through the run's router (simulate --router)
 
     @classmethod
-    def for_engine(cls, engine: str) -> TrialSettings:
+    def for_engine(cls, engine: str, *, router: bool = False) -> TrialSettings:
         """The campaign's settings for ``engine``: a vLLM engine takes ~12 s to start, its
         refit of the tiny model ~0.2 s, and two of them share two cores."""
         if engine == "vllm":
             return cls(
                 engine="vllm",
+                router=router,
                 shards=2,
                 generation_s=0.3,  # a rollout's window (a tiny model's generation)
                 startup_s=8.0,  # an engine loading: the window to kill a replacement in
@@ -88,7 +100,7 @@ class TrialSettings:
                 refit_timeout_s=10.0,
                 trial_timeout_s=600.0,
             )
-        return cls()
+        return cls(router=router)
 
     @property
     def condemnation_s(self) -> float:
@@ -118,6 +130,7 @@ class TrialSettings:
                 run=run,
                 engine="vllm",
                 await_restarts_s=240.0,
+                router=self.router,
             )
         return SimulationSpec(
             shards=self.shards,
@@ -135,6 +148,7 @@ class TrialSettings:
             # The last refit re-admits every replacement: a fault aimed at a restart or at
             # the re-admitting refit always has its phase.
             await_restarts_s=30.0,
+            router=self.router,
         )
 
 
@@ -174,7 +188,7 @@ def plan_trial(
     """The scenario of trial ``seed``: a pure function of the seed (and ``only``: a
     scenario and phase every trial is held to, the moments still drawn from the seed)."""
     rng = random.Random(seed)
-    scenario: Scenario = rng.choice(VLLM_KINDS if settings.engine == "vllm" else KINDS)
+    scenario: Scenario = rng.choice(kinds_of(settings))
     if only is not None:
         scenario = only[0]
         if only[1] not in _phases_of(scenario):
@@ -237,7 +251,7 @@ def cells(settings: TrialSettings = DEFAULT_SETTINGS) -> tuple[tuple[Scenario, P
     """Every scenario × phase cell a campaign on ``settings``' engine can draw, in a
     fixed order: what a stratified campaign covers (a random one leaves rare cells out —
     the vLLM campaign's 20 random trials drew one pause)."""
-    kinds = VLLM_KINDS if settings.engine == "vllm" else KINDS
+    kinds = kinds_of(settings)
     return tuple((kind, phase) for kind in kinds for phase in _phases_of(kind))
 
 

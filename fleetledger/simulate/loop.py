@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from fleetledger.adapters.deadlines import RolloutDeadlines
 from fleetledger.adapters.retry_policy import (
     Attempt,
+    Fate,
     PromptSkipped,
     RetryPolicy,
     RolloutAbandoned,
@@ -39,11 +40,10 @@ from fleetledger.controller.ray_fleet import GenerationReports, local_ray
 from fleetledger.controller.refit_recovery import RunFailed
 from fleetledger.projections.shard_states import ShardState
 from fleetledger.shards.contract import Generation, GenerationRequest
-from fleetledger.simulate.spec import RefitRecord, SimulationResult, SimulationSpec
+from fleetledger.simulate.account import LoopAccount
+from fleetledger.simulate.spec import ADAPTER, RefitRecord, SimulationResult, SimulationSpec
 from fleetledger.simulate.wiring import LoopHooks, Wiring, wire
 from fleetledger.store.log import EventLog
-
-ADAPTER = "simulate.rollouts"
 
 
 def _reward(generation: Generation) -> float:
@@ -65,6 +65,7 @@ class Simulation:
             environment_s=t.env_timeout_s,
         )
         self.reports: GenerationReports  # set by run(), once the ledger exists
+        self.account = LoopAccount()  # what the loop itself saw (the chaos oracle's)
         self.train_steps = 0
         self.refits: list[RefitRecord] = []
         self.committed_groups = 0
@@ -94,7 +95,14 @@ class Simulation:
         self.reports.success(
             attempt.shard, version=result.weight_version, partial=result.weights_partial
         )
+        self.account.success(attempt.shard)
         return result
+
+    def fate(self, shard: int, fate: Fate) -> None:
+        """What became of an attempt that failed on ``shard``: into the window, and into
+        the loop's own account."""
+        self.reports.fate(shard, fate)
+        self.account.fate(shard, fate)
 
     async def group(self, step: int, index: int) -> list[float]:
         prompts = [f"s{step}-g{index}-p{k}" for k in range(self.spec.group_size)]
@@ -110,7 +118,7 @@ class Simulation:
                     policy=self.policy,
                     counters=self.counters,
                     prompt_id=prompt,
-                    on_fate=None if self.w.routed is not None else self.reports.fate,
+                    on_fate=None if self.w.routed is not None else self.fate,
                 )
                 for prompt in prompts
             )
@@ -258,6 +266,8 @@ class Simulation:
         with local_ray():
             self.w = wire(spec, log, run, hooks, self.echo)
             self.reports = GenerationReports(self.w.ledger, ADAPTER)
+            if self.w.routed is not None:
+                self.w.routed.account = self.account
             try:
                 self.w.controller.start()
                 outcome, cause = asyncio.run(self._loop_then_close())
@@ -277,6 +287,8 @@ class Simulation:
             self.counters.snapshot(),
             tuple(self.refits),
             dict(self.committed_prompts),
+            self.account.tallies,
+            self.account.waits,
         )
 
 

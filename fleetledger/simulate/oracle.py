@@ -21,7 +21,10 @@ What must hold whatever moment a fault chose:
   ``REFIT_AFTER_DEATH_BOUND_S`` of the death;
 - after the trial, no process of its fleet is left running;
 - a run whose controller was SIGKILLed reads back: its membership from the snapshot and
-  tail equals the fold of its whole log.
+  tail equals the fold of its whole log;
+- each fault's cost, derived from the ledger alone, equals what the loop itself counted,
+  and with the router in the loop no request waits on a shard that left past one poll
+  (:mod:`fleetledger.simulate.account_oracle`).
 
 Pure but for the one function that reads the ledger (:func:`judge_from_log`).
 """
@@ -34,9 +37,11 @@ from dataclasses import dataclass, field
 from fleetledger.events.models import RecordedEvent
 from fleetledger.projections.fleet_view import FleetView, fold
 from fleetledger.projections.membership import membership_document
-from fleetledger.projections.shard_states import Input, ShardState
+from fleetledger.projections.shard_states import SERVING, Input, ShardState
 from fleetledger.queries.views import load_view
+from fleetledger.simulate.account_oracle import Death, Leave, cost_problems, wait_problems
 from fleetledger.simulate.campaign import Injection, TrialOutcome, processes_left
+from fleetledger.simulate.spec import ADAPTER
 from fleetledger.store.errors import UnknownRun
 from fleetledger.store.log import EventLog
 
@@ -67,6 +72,9 @@ class Verdict:
     # (fault kind, phase) -> seconds from the injection to the death, to the refit after
     detection_s: dict[tuple[str, str], float] = field(default_factory=dict)
     recovery_s: dict[tuple[str, str], float] = field(default_factory=dict)
+    costs_checked: int = 0  # faults whose cost was held against the loop's own count
+    # seconds each request on a shard that left waited past its leaving (router in loop)
+    left_waits_s: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -99,6 +107,8 @@ def judge(
     refits_done: list[tuple[int, int]] = []  # (seq, at_us) of refit_completed
     unexplained_exhaustion: list[int] | None = None  # missing shards no fault explains
     in_refit = False  # from a refit's start, through its aborts, to its completion
+    leaves: list[Leave] = []
+    out_since: dict[int, int] = {}  # shard -> when it left serving
     for recorded in events:
         if view is None:
             view = fold([recorded])
@@ -106,6 +116,10 @@ def judge(
         kind = recorded.event.type
         in_refit = (in_refit or kind == "refit_started") and kind != "refit_completed"
         for t in view.apply(recorded):
+            if t.before in SERVING and t.after not in SERVING:
+                out_since[t.shard] = t.at_us
+            elif t.before not in SERVING and t.after in SERVING and t.shard in out_since:
+                leaves.append(Leave(t.shard, out_since.pop(t.shard), t.at_us))
             if t.after is ShardState.DEAD:
                 incarnation = view.shards[t.shard].restart_attempts
                 deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us, in_refit))
@@ -118,6 +132,8 @@ def judge(
                 if not record.serving
                 and _lethal_cause(injected, record.index, view, recorded.at_us) is None
             ]
+    leaves += [Leave(shard, at_us, None) for shard, at_us in out_since.items()]
+    explained: list[Death] = []
     for shard, incarnation, rule, seq, at_us, during_refit in deaths:
         cause = _cause(injected, shard, incarnation, at_us)
         if cause is None:
@@ -136,6 +152,7 @@ def judge(
                 f"{cause.fault.kind}"
             )
             continue
+        explained.append(Death(shard, incarnation, seq, at_us, cause.at_us))
         key = (cause.fault.kind, cause.fault.phase)
         verdict.detection_s.setdefault(key, (at_us - cause.at_us) / 1e6)
         after = [at for s, at in refits_done if s > seq]
@@ -177,9 +194,34 @@ def judge(
             if times != 1:
                 verdict.lost_prompts += 1
                 verdict.problems.append(f"prompt {prompt} committed {times} times")
+    _account(verdict, outcome, events, explained, leaves, injected)
     if left_running:
         verdict.problems.append(f"processes left running: {sorted(left_running)}")
     return verdict
+
+
+def _account(
+    verdict: Verdict,
+    outcome: TrialOutcome,
+    events: Sequence[RecordedEvent],
+    deaths: list[Death],
+    leaves: list[Leave],
+    injected: Sequence[Injection],
+) -> None:
+    """The loop's own account against the ledger (see the module): costs where the loop
+    picked its shards and the run completed, waits where the router did."""
+    if outcome.routed:
+        problems, verdict.left_waits_s = wait_problems(outcome.waits, leaves)
+        verdict.problems += problems
+        return
+    if outcome.outcome != "completed" or not outcome.tallies:
+        return  # ended by its controller, or the loop ran in a killed controller's process
+    hits: dict[tuple[int, int], list[int]] = {}
+    for i in injected:
+        if i.fault.shard is not None and i.incarnation is not None:
+            hits.setdefault((i.fault.shard, i.incarnation), []).append(i.at_us)
+    verdict.problems += cost_problems(events, deaths, leaves, outcome.tallies, hits, ADAPTER)
+    verdict.costs_checked = len(deaths)
 
 
 _LETHAL = frozenset({"kill", "kill_engine", "freeze", "kill_replacement"})

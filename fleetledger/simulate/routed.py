@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ray.actor import ActorHandle
 
 from fleetledger.adapters.least_outstanding import InFlight
 from fleetledger.events.attestation import read_attestation
 from fleetledger.shards.contract import Generation, GenerationRequest
+from fleetledger.simulate.account import Ended, LoopAccount
 
 __all__ = ["ROUTED", "SHARD_HEADER", "RoutedRollouts"]
 
@@ -27,7 +29,10 @@ ROUTED = -1
 """The shard a routed attempt is "sent to": the router decides, not the loop."""
 
 SHARD_HEADER = "x-fleetledger-shard"
-"""The response header in which the router names the shard that served."""
+"""The response header in which the router names the shard that served (or, on its own
+500 and 503, the shard the failure is about)."""
+RESENT_FROM_HEADER = "x-fleetledger-resent-from"
+"""The response header naming the shard a re-sent request left."""
 
 
 FLUSH_TIMEOUT_S = 30.0
@@ -44,7 +49,7 @@ class RoutedRollouts:
         router: ActorHandle | None = None,
     ) -> None:
         """``router``: the router's actor (:class:`RouterActor`), asked to flush."""
-        import openai
+        import openai  # the vllm extras' (a simulated run without --router needs none)
 
         self.url = url
         self.model = model
@@ -53,6 +58,7 @@ class RoutedRollouts:
             base_url=url, api_key="unused", max_retries=0, timeout=timeout_s or 600.0
         )
         self._in_flight = InFlight()  # one "shard": the router, which chooses the real one
+        self.account: LoopAccount | None = None  # told each request's wait, where given
 
     @property
     def total_in_flight(self) -> int:
@@ -67,6 +73,34 @@ class RoutedRollouts:
             self._in_flight.release(ROUTED)
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        import openai
+
+        account = self.account
+        if account is None:
+            return (await self._generate(request))[1]
+        started = account.now_us()
+        shard: int | None = None
+        resent_from: int | None = None
+        ended: Ended = "deadline"  # cancelled by the loop's generation deadline
+        try:
+            raw, generation = await self._generate(request)
+        except openai.APIStatusError as exc:
+            shard = _shard(exc.response.headers, SHARD_HEADER)
+            left = exc.status_code == 503 and shard is not None
+            ended = "shard_left" if left else "error"
+            raise
+        except openai.APIError:
+            ended = "error"
+            raise
+        else:
+            shard = _shard(raw.headers, SHARD_HEADER)
+            resent_from = _shard(raw.headers, RESENT_FROM_HEADER)
+            ended = "answered"
+            return generation
+        finally:
+            account.waited(started, shard, resent_from, ended)
+
+    async def _generate(self, request: GenerationRequest) -> tuple[Any, Generation]:
         raw = await self._client.completions.with_raw_response.create(
             model=self.model,
             prompt=request.prompt,
@@ -74,12 +108,12 @@ class RoutedRollouts:
             user=request.prompt_id,
         )
         completion = raw.parse()
-        shard = raw.headers.get(SHARD_HEADER)
+        shard = _shard(raw.headers, SHARD_HEADER)
         attested = read_attestation(raw.headers)
-        return Generation(
+        return raw, Generation(
             prompt_id=request.prompt_id,
             group_id=request.group_id,
-            shard=int(shard) if shard is not None and shard.isdigit() else ROUTED,
+            shard=ROUTED if shard is None else shard,
             # The engine's word, passed on by the router (-1: nobody said).
             weight_version=-1 if attested is None else attested.start,
             text=completion.choices[0].text,
@@ -100,3 +134,8 @@ class RoutedRollouts:
 
     async def close(self) -> None:
         await self._client.close()
+
+
+def _shard(headers: Any, name: str) -> int | None:
+    value = headers.get(name)
+    return int(value) if value is not None and value.isdigit() else None

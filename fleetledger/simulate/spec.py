@@ -13,6 +13,7 @@ from typing import Literal
 
 from fleetledger.config import ControllerConfig
 from fleetledger.events.models import shard_outside
+from fleetledger.simulate.account import RoutedWait, Tally
 
 ChaosAction = Literal["kill", "freeze", "wedge", "blip", "kill-engine"]
 CHAOS_ACTIONS: tuple[ChaosAction, ...] = ("kill", "freeze", "wedge", "blip", "kill-engine")
@@ -98,6 +99,10 @@ def routed_config(config: ControllerConfig) -> ControllerConfig:
     if deadline is not None and config.router.backend_bound_s > deadline:
         router["backend_timeout_s"] = deadline
     return ControllerConfig.model_validate(data)
+
+
+ADAPTER = "simulate.rollouts"
+"""The adapter the loop's outcome windows are reported under."""
 
 
 @dataclass(frozen=True)
@@ -198,3 +203,6 @@ class SimulationResult:
     refits: tuple[RefitRecord, ...] = ()
     # prompt id -> how many times the trainer received it in a committed group
     committed_prompts: Mapping[str, int] = field(default_factory=dict)
+    # what the loop itself saw end on each shard, and each request through the router
+    tallies: tuple[Tally, ...] = ()
+    waits: tuple[RoutedWait, ...] = ()
