@@ -19,6 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
+from fleetledger.events.models import RolloutFates, ShardOutcomes
+from fleetledger.simulate.account import RoutedWait, Tally
+from fleetledger.simulate.account_oracle import (
+    LEFT_WAIT_BOUND_S,
+    Death,
+    Leave,
+    _since,
+    wait_problems,
+)
 from fleetledger.simulate.campaign import (
     Injection,
     TrialOutcome,
@@ -38,6 +47,7 @@ from fleetledger.simulate.chaos_plan import (
     trial_seeds,
 )
 from fleetledger.simulate.oracle import judge, judge_from_log
+from fleetledger.simulate.spec import ADAPTER
 from fleetledger.store.log import EventLog
 from tests.builders import fleet_config
 
@@ -298,6 +308,26 @@ def test_a_seeded_trial_passes_the_oracle(seed, ray_cluster, campaign_db):
     assert verdict.problems == [], f"seed {seed} ({outcome.plan.label}), run {outcome.run}"
 
 
+ROUTED = TrialSettings(router=True)
+ROUTED_SLICE = tuple(trial_seeds(35, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", ROUTED_SLICE)
+def test_a_frozen_shard_holds_no_request_through_the_router_past_one_poll(
+    seed, ray_cluster, campaign_db
+):
+    """The loop's rollouts through the run's router; a shard frozen while they are in
+    flight: every request on it ends within the bound of its condemnation (re-sent or
+    cut), none waits to its deadline — held by the oracle against the ledger."""
+    db, log = campaign_db
+    plan = plan_trial(seed, ROUTED, ("freeze", "rollouts"))
+    outcome = run_trial(plan, db, settings=ROUTED, ray_address=ray_cluster)
+    verdict = judge_from_log(log, outcome)
+    assert verdict.problems == [], f"seed {seed} ({outcome.plan.label}), run {outcome.run}"
+    assert verdict.left_waits_s, "no request was in flight on the frozen shard"
+
+
 # ── the injector holds a pause as planned ─────────────────────────────────────
 
 
@@ -359,3 +389,114 @@ def test_the_driver_never_asks_a_stopped_shard_anything_while_it_holds_the_pause
     finally:
         target.kill()
         target.wait()
+
+
+# ── the loop's own account against the ledger ────────────────────────────────
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _window(ledger: Ledger, shard: int, *, ok: int = 0, redispatched: int = 0) -> None:
+    fates = RolloutFates(redispatched=redispatched) if redispatched else None
+    ledger.report_outcomes(ADAPTER, [ShardOutcomes(shard=shard, successes=ok, fates=fates)])
+
+
+def _tallies(shard: int, at_us: int, **seen: int) -> tuple[Tally, ...]:
+    return tuple(Tally(at_us, shard, what) for what, n in seen.items() for _ in range(n))
+
+
+def test_a_deaths_cost_equal_to_what_the_loop_counted_is_right(ledger):
+    injected = _now_us()
+    ledger.actor_died(1, "ActorDiedError: killed")
+    _window(ledger, 1, redispatched=2)
+    _window(ledger, 0, ok=2)
+    outcome = _outcome(ledger, ("kill", 1))
+    outcome.injections[0].at_us = injected
+    outcome.tallies = (
+        *_tallies(1, _now_us(), redispatched=2),
+        *_tallies(0, _now_us(), success=2),
+    )
+    verdict = _judge(ledger, outcome)
+    assert verdict.ok, verdict.problems
+    assert verdict.costs_checked == 1
+
+
+def test_a_cost_that_differs_from_the_loops_count_is_a_problem(ledger):
+    injected = _now_us()
+    ledger.actor_died(1, "ActorDiedError: killed")
+    _window(ledger, 1, redispatched=2)
+    outcome = _outcome(ledger, ("kill", 1))
+    outcome.injections[0].at_us = injected
+    outcome.tallies = _tallies(1, _now_us(), redispatched=3)  # one fate never reported
+    problems = _judge(ledger, outcome).problems
+    seq = ledger.view.seq - 1
+    assert (
+        f"cost: shard 1's death at seq {seq}: the ledger says 2 in flight (2 re-dispatched, "
+        "0 dropped, 0 ended), the loop counted 3 in flight (3 re-dispatched, 0 dropped, 0 ended)"
+    ) in problems
+    assert "windows: shard 1 redispatched: the ledger has 2, the loop counted 3" in problems
+
+
+def test_a_success_the_loop_saw_and_no_window_holds_is_a_problem(ledger):
+    _window(ledger, 0, ok=1)
+    outcome = _outcome(ledger)
+    outcome.tallies = _tallies(0, _now_us(), success=2)
+    assert _judge(ledger, outcome).problems == [
+        "windows: shard 0 success: the ledger has 1, the loop counted 2"
+    ]
+
+
+def test_fates_of_an_earlier_fault_no_success_followed_belong_to_the_death():
+    """A pause, then a kill of the same incarnation with no success between: the ledger
+    cannot tell their failures apart, and the oracle does not ask it to."""
+    death = Death(shard=1, incarnation=0, seq=9, at_us=3_000, injected_us=2_000)
+    hits = {(1, 0): [1_000, 2_000]}
+    assert _since(death, hits, _tallies(1, 1_500, redispatched=1)) == 1_000
+    assert _since(death, hits, _tallies(1, 1_500, success=1)) == 2_000
+
+
+def _wait(started: float, ended: float, shard: int | None, how: str, resent_from=None):
+    return RoutedWait(int(started * 1e6), int(ended * 1e6), shard, resent_from, how)
+
+
+def test_a_request_held_past_the_bound_after_its_shard_left_is_a_problem():
+    leaves = [Leave(shard=1, at_us=10_000_000, back_us=None)]
+    quick = _wait(9.5, 10.6, 1, "shard_left")
+    resent = _wait(9.0, 10.5, 2, "answered", resent_from=1)
+    held = _wait(9.5, 10.0 + LEFT_WAIT_BOUND_S + 1, 1, "error")
+    problems, pasts = wait_problems([quick, resent, held], leaves)
+    assert pasts == pytest.approx([0.6, 0.5, LEFT_WAIT_BOUND_S + 1])
+    assert problems == [
+        f"a request waited {LEFT_WAIT_BOUND_S + 1:.2f}s on shard 1 after it left the fleet "
+        f"(bound {LEFT_WAIT_BOUND_S:g}s; it ended error)"
+    ]
+
+
+def test_a_routed_request_that_waits_to_its_deadline_is_a_problem_and_says_who_left():
+    leaves = [Leave(shard=2, at_us=1_000_000, back_us=2_000_000)]
+    problems, _ = wait_problems([_wait(0.5, 5.5, None, "deadline")], leaves)
+    assert problems == [
+        "a request through the router waited 5.00s, to its deadline, while shard(s) [2] "
+        "left the fleet"
+    ]
+
+
+def test_a_request_the_router_ended_as_left_on_a_shard_the_ledger_had_serving_is_a_problem():
+    problems, _ = wait_problems([_wait(1.0, 1.2, 0, "shard_left")], [])
+    assert problems == [
+        "the router ended a request on shard 0 as left, and the ledger has it serving from "
+        "1000000 to 1200000"
+    ]
+    answered, _ = wait_problems([_wait(1.0, 9.0, 0, "answered")], [])
+    assert answered == []  # answered by the shard it was sent to
+
+
+def test_a_kill_injected_after_the_run_ended_is_skipped_not_unrecorded(ledger):
+    ledger.end_run_if_open("completed", "3 of 3 steps done")
+    outcome = _outcome(ledger, ("kill", 2))
+    outcome.injections[0].at_us = _now_us() + 5_000  # 5 ms after the end
+    verdict = _judge(ledger, outcome)
+    assert verdict.ok, verdict.problems
+    assert outcome.injections[0].skipped == f"injected after the run ended (seq {ledger.view.seq})"

@@ -3,7 +3,8 @@
 ``fleetledger simulate --serve 0`` runs a simulated fleet and serves its ledger; the
 browser opens the printed page while every shard is HEALTHY; a shard is SIGKILLed a few
 steps later, and the page — never reloaded — shows it DEAD, with the death among the
-latest entries; a real click on its row shows its explanation. A screenshot is kept
+latest entries; a real click on its row shows its explanation; what the death cost and the
+rollouts by the weights their engines attested are on the page too. A screenshot is kept
 under ``test-artifacts/`` (or ``$FLEETLEDGER_TEST_ARTIFACTS``). The page's script must
 throw nothing and the browser log no error (a Content-Security-Policy violation would
 be one: the page fetches nothing from elsewhere).
@@ -112,6 +113,25 @@ async def _watch(url: str, profile: Path, shot: Path) -> list[str]:
             what="the death on the timeline",
         )
         assert await browser.evaluate("document.querySelectorAll('#timeline g.lane').length") == 3
+        # What the death cost, from the ledger alone: the loop told each broken attempt's
+        # fate, so nothing is unknown; and the rollouts by the weights engines attested.
+        cost = await browser.wait_for(
+            "[...document.querySelectorAll('#faults tr[data-kind=\"death\"] td')]"
+            ".map(td => td.textContent)",
+            timeout=30,
+            what="the death's cost",
+        )
+        assert cost[1:3] == ["death", str(KILLED)], cost
+        assert "unknown" not in " ".join(cost)
+        assert int(cost[6]) == int(cost[7]) + int(cost[8]) + int(cost[9])  # in flight = fates
+        versions = await browser.evaluate(
+            "[...document.querySelectorAll('#served table.versions tbody tr')]"
+            ".map(r => r.dataset.version)"
+        )
+        assert versions and versions[0] is not None and int(versions[0]) >= 7, versions
+        assert await browser.evaluate(
+            "document.querySelector('#served table.staleness tbody tr') !== null"
+        )
         await browser.screenshot(shot)
         return browser.errors
     finally:

@@ -93,6 +93,7 @@ def judge(
     if outcome.outcome == "hung":
         verdict.hung = True
         verdict.problems.append(f"hung: {outcome.cause}")
+    _late(outcome.injections, events)
     injected = [i for i in outcome.injections if not i.skipped]
     overran = [i for i in injected if _overran(i, outcome.condemnation_s)]
     for injection in overran:
@@ -222,6 +223,18 @@ def _account(
             hits.setdefault((i.fault.shard, i.incarnation), []).append(i.at_us)
     verdict.problems += cost_problems(events, deaths, leaves, outcome.tallies, hits, ADAPTER)
     verdict.costs_checked = len(deaths)
+
+
+def _late(injections: Sequence[Injection], events: Sequence[RecordedEvent]) -> None:
+    """A fault injected after the run's end landed on nothing the run could see (its
+    phase came in the run's last moments, the fleet was going down): skipped, said so in
+    the trial's line. Seen once in 120 trials: a kill 5 ms after ``run_ended``."""
+    ended = next((r for r in reversed(events) if r.event.type == "run_ended"), None)
+    if ended is None:
+        return
+    for injection in injections:
+        if not injection.skipped and injection.at_us > ended.at_us:
+            injection.skipped = f"injected after the run ended (seq {ended.seq})"
 
 
 _LETHAL = frozenset({"kill", "kill_engine", "freeze", "kill_replacement"})

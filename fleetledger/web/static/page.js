@@ -9,6 +9,8 @@ const API = "/api/v1";
 const KEPT_ENTRIES = 200; // rows of "latest" kept on the page
 const TIMELINE_EVERY_MS = 2000; // at most one timeline redraw this often while live
 const RUNS_EVERY_MS = 5000;
+const FAULTS_EVERY_MS = 5000; // what each fault cost: a replay of the run, so not on every seq
+const VERSIONS_SHOWN = 8; // rows of "weights served" (the newest versions)
 
 // ── small helpers ──────────────────────────────────────────────────────────────
 
@@ -126,6 +128,8 @@ class RunPage {
       shards: el("div", {}),
       layout: el("div", { class: "layout" }),
       explain: el("div", { id: "explain" }),
+      served: el("div", { id: "served" }),
+      faults: el("div", { id: "faults" }, el("p", { class: "muted" }, "reading…")),
       timeline: el("div", { id: "timeline" }, el("p", { class: "muted" }, "drawing…")),
       entries: el("tbody", {}),
       entriesProblem: el("div", {}),
@@ -144,6 +148,10 @@ class RunPage {
       p.shards,
       p.layout,
       p.explain,
+      el("h2", {}, "Weights served"),
+      p.served,
+      el("h2", {}, "What each fault cost"),
+      p.faults,
       el("h2", {}, "Timeline"),
       p.timeline,
       el("h2", {}, "Latest"),
@@ -170,6 +178,7 @@ class RunPage {
     }
     this.parts.entriesProblem.replaceChildren();
     this.drawTimeline();
+    this.loadFaults();
     this.follow(after);
   }
 
@@ -178,6 +187,7 @@ class RunPage {
     clearTimeout(this.membershipTimer);
     clearTimeout(this.retryTimer);
     clearTimeout(this.timelineTimer);
+    clearTimeout(this.faultsTimer);
   }
 
   // The stream: new entries as they are appended; "head" whenever the run moves.
@@ -191,6 +201,7 @@ class RunPage {
     source.addEventListener("head", () => {
       this.soon();
       this.drawTimeline();
+      this.faultsSoon();
     });
     source.addEventListener("ended", () => {
       source.close();
@@ -198,6 +209,7 @@ class RunPage {
       setLive("ended", "run ended");
       this.loadMembership();
       this.drawTimeline(true);
+      this.loadFaults();
     });
     source.addEventListener("error", (event) => {
       if (event.data) {
@@ -284,6 +296,7 @@ class RunPage {
       ),
     );
     p.layout.replaceChildren(layoutWords(doc));
+    p.served.replaceChildren(...servedParts(doc.served, doc.trainer_version));
     if (this.selected !== null && this.explained !== doc.seq) this.explain(this.selected, true);
   }
 
@@ -338,6 +351,30 @@ class RunPage {
     while (body.childElementCount > KEPT_ENTRIES) body.lastElementChild.remove();
   }
 
+  // What each fault cost: the run's explanation's faults (a replay of the run on the
+  // server), asked at most every FAULTS_EVERY_MS while the run moves.
+  faultsSoon() {
+    if (!this.faultsTimer) {
+      this.faultsTimer = setTimeout(() => {
+        this.faultsTimer = null;
+        this.loadFaults();
+      }, FAULTS_EVERY_MS);
+    }
+  }
+
+  async loadFaults() {
+    if (this.faultsBusy) return;
+    this.faultsBusy = true;
+    try {
+      const answer = await getJSON(runPath(this.run, "explain"));
+      this.parts.faults.replaceChildren(faultsTable(answer.faults, answer.seq));
+    } catch (error) {
+      this.parts.faults.replaceChildren(problem("faults", error));
+    } finally {
+      this.faultsBusy = false;
+    }
+  }
+
   // The timeline: redrawn by the server's painter, at most every TIMELINE_EVERY_MS.
   async drawTimeline(force) {
     if (this.timelineBusy || (!force && Date.now() - this.timelineAt < TIMELINE_EVERY_MS)) {
@@ -367,6 +404,91 @@ class RunPage {
 // The rank layout in the one notation every output uses (the server's words).
 function layoutWords(doc) {
   return doc.layout ? `rank layout: ${doc.layout_words}` : `rank layout: none (${doc.layout_error})`;
+}
+
+// The rollouts by the weights their engines attested, and how stale they were.
+function servedParts(served, trainerVersion) {
+  const byVersion = Object.entries(served.by_version).map(([v, n]) => [Number(v), n]);
+  const attested = byVersion.reduce((sum, [, n]) => sum + n, 0);
+  if (!attested && !served.unknown) return [el("p", { class: "muted" }, "no rollouts reported yet")];
+  const parts = [
+    el(
+      "p",
+      { class: "served-line" },
+      `${attested + served.unknown} rollouts reported · ${served.unknown} nobody attested` +
+        (served.partial ? ` · ${served.partial} from partial weights` : ""),
+    ),
+  ];
+  const newest = byVersion.slice(-VERSIONS_SHOWN).reverse();
+  const earlier = byVersion.slice(0, -VERSIONS_SHOWN);
+  const rows = newest.map(([v, n]) => el("tr", { "data-version": v }, el("td", { class: "num" }, `v${v}`), el("td", { class: "num" }, n)));
+  if (earlier.length) {
+    const n = earlier.reduce((sum, [, k]) => sum + k, 0);
+    rows.push(el("tr", {}, el("td", { class: "muted" }, `… ${earlier.length} earlier versions`), el("td", { class: "num" }, n)));
+  }
+  const total = {};
+  for (const perStep of Object.values(served.staleness)) {
+    for (const [behind, n] of Object.entries(perStep)) total[behind] = (total[behind] || 0) + n;
+  }
+  const latest = served.staleness[String(trainerVersion)] || {};
+  const behinds = Object.keys(total).map(Number).sort((a, b) => a - b);
+  const stale = behinds.map((b) =>
+    el("tr", { "data-behind": b }, el("td", { class: "num" }, b), el("td", { class: "num" }, total[b]), el("td", { class: "num" }, latest[String(b)] || 0)),
+  );
+  parts.push(
+    el(
+      "div",
+      { class: "served-tables" },
+      el(
+        "table",
+        { class: "versions" },
+        el("thead", {}, el("tr", {}, el("th", {}, "weights"), el("th", {}, "rollouts"))),
+        el("tbody", {}, ...rows),
+      ),
+      el(
+        "table",
+        { class: "staleness" },
+        el("thead", {}, el("tr", {}, ...["versions behind the trainer", "rollouts", `at trainer v${trainerVersion}`].map((h) => el("th", {}, h)))),
+        el("tbody", {}, ...stale),
+      ),
+    ),
+  );
+  for (const [shard, said, recorded] of served.contradicted) {
+    parts.push(el("p", { class: "problem" }, `shard ${shard} said v${said} where the ledger recorded v${recorded}`));
+  }
+  return parts;
+}
+
+// What each fault cost, one row each; what the ledger cannot say is "unknown".
+function faultsTable(faults, seq) {
+  if (!faults.length) return el("p", { class: "muted" }, `no fault as of seq ${seq}`);
+  const known = (n) => (n === null || n === undefined ? "unknown" : n);
+  const seconds = (s) => (s === null || s === undefined ? "—" : `${s.toFixed(2)} s`);
+  const rows = faults.map((f) =>
+    el(
+      "tr",
+      { "data-kind": f.kind, "data-seq": f.seq },
+      el("td", { class: "num" }, f.seq),
+      el("td", {}, f.kind.replace("_", " ")),
+      el("td", { class: "num" }, f.shards.join(" ")),
+      el("td", { class: "num" }, seconds(f.detection_s)),
+      el("td", { class: "num" }, f.kind === "stall" ? "—" : f.readmitted_s === null ? "not yet" : seconds(f.readmitted_s)),
+      el("td", { class: "num" }, f.out_of_service_s.toFixed(1)),
+      el("td", { class: "num" }, f.in_flight === null ? `unknown (≥ ${f.failures_seen} failed)` : f.in_flight),
+      el("td", { class: "num" }, known(f.redispatched)),
+      el("td", { class: "num" }, known(f.dropped)),
+      el("td", { class: "num" }, known(f.ended_run)),
+      el("td", { class: "num" }, `${f.partial_served} / ${f.stale_served}`),
+      el("td", {}, f.what),
+    ),
+  );
+  const heads = ["seq", "fault", "shards", "detected in", "back after", "shard-s out", "in flight", "re-dispatched", "dropped", "ended run", "partial / stale", "why"];
+  return el(
+    "table",
+    { class: "faults" },
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...rows),
+  );
 }
 
 // ── routing ────────────────────────────────────────────────────────────────────
