@@ -16,9 +16,11 @@ Rules of this file, and why:
 - **The answer is handed on as it is parsed** (head, body pieces, end) to the
   exchange's callbacks, with no await per piece: streaming is a callback chain from the
   backend's socket to the client's.
-- **Framing is the parser's, with three exceptions it cannot know**: an interim answer
-  (1xx) is not the answer — the exchange waits for the final one, or the final one would
-  be read as the next request's; an answer with neither a length nor chunks ends where
+- **Framing is the parser's, refused where ambiguous**
+  (:mod:`fleetledger.router.framing`: the answer is the shard's failure, never passed
+  on), **with three exceptions it cannot know**: an interim answer (1xx) is not the
+  answer — the exchange waits for the final one, or the final one would be read as the
+  next request's; an answer with neither a length nor chunks ends where
   the connection ends, so that end is the answer's end, not a failure; and an answer
   that ended before its request was wholly sent leaves the connection owing the rest of
   a body, so it is closed, never pooled (an engine answering 401 or 413 without reading
@@ -36,6 +38,8 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
+
+from fleetledger.router.framing import Unframed, read_framing
 
 __all__ = [
     "IDLE_BOUND_S",
@@ -55,7 +59,10 @@ Headers = list[tuple[bytes, bytes]]
 class Listener(Protocol):
     """What a backend connection tells about the answer in progress."""
 
-    def head(self, status: int, headers: Headers, keep_alive: bool) -> None: ...
+    def head(self, status: int, headers: Headers, keep_alive: bool, length: int | None) -> None:
+        """The answer's head; ``length``: its Content-Length (None: chunked, or to the
+        connection's end)."""
+
     def body(self, chunk: bytes) -> None: ...
     def end(self) -> None: ...
     def failed(self, exc: BaseException) -> None: ...
@@ -91,7 +98,7 @@ class BackendConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.listener: Listener | None = None
         self._headers: Headers = []
-        self._framed = False
+        self._unframed = ""  # why an answer's framing was refused
         self._keep_alive = False
         self._in_head = False
         self._head_fed = 0
@@ -146,7 +153,8 @@ class BackendConnection(asyncio.Protocol):
                     why = f"answer head larger than {MAX_ANSWER_HEAD_BYTES} bytes"
                     self._fail(ConnectionError(f"{self.origin.key}: {why}"))
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionError(f"malformed answer from {self.origin.key}: {exc}"))
+            why = self._unframed or str(exc)
+            self._fail(ConnectionError(f"malformed answer from {self.origin.key}: {why}"))
         finally:
             if listener is not None:
                 listener.uncork()
@@ -181,14 +189,11 @@ class BackendConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._headers = []
-        self._framed = False  # a Content-Length or Transfer-Encoding seen
         self._in_head = True
         self._head_fed = 0
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        if not self._framed and len(name) in (14, 17):  # the two framing headers' lengths
-            self._framed = name.lower() in (b"content-length", b"transfer-encoding")
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -198,10 +203,16 @@ class BackendConnection(asyncio.Protocol):
                 raise ConnectionError(f"{self.origin.key} switched protocols unasked")
             self._interim = True
             return
+        try:
+            framing = read_framing(self._headers, request=False)
+        except Unframed as refused:
+            self._unframed = str(refused)
+            raise  # the parser stops: this answer is the shard's failure, never passed on
         self._keep_alive = self._parser.should_keep_alive()
-        self._until_eof = status not in (204, 304) and not self._framed
+        framed = framing.chunked or framing.length is not None
+        self._until_eof = status not in (204, 304) and not framed
         if self.listener is not None:
-            self.listener.head(status, self._headers, self._keep_alive)
+            self.listener.head(status, self._headers, self._keep_alive, framing.length)
 
     def on_body(self, chunk: bytes) -> None:
         # An empty piece is the parser seeing the connection end mid-body: not a piece.

@@ -21,8 +21,10 @@ Rules of this file, and why:
   waits, the router's memory does not grow.
 - **A request that cannot be read ends the connection, after what is owed.** Requests
   parsed before it are answered first, in order; then the refusal (400, 431), then the
-  close. A body whose framing breaks mid-way cannot be answered at all: the connection
-  is cut. An upgrade (h2c included) is refused, never forwarded.
+  close. A request whose framing two parsers could read two ways is one of them
+  (:mod:`fleetledger.router.framing`): nothing of it, or after it, is forwarded. A
+  body whose framing breaks mid-way cannot be answered at all: the connection is cut.
+  An upgrade (h2c included) is refused, never forwarded.
 - **Flow control towards the client**: when the client's socket cannot take more, the
   transport says so (``pause_writing``) and whoever feeds it (the backend connection
   streaming an answer) is paused until it can.
@@ -40,6 +42,8 @@ from typing import Any
 
 import httptools
 import structlog
+
+from fleetledger.router.framing import Unframed, read_framing
 
 __all__ = ["BODY_BUFFER_BYTES", "MAX_HEAD_BYTES", "MAX_QUEUED", "Front", "Inbound"]
 
@@ -67,6 +71,7 @@ class Inbound:
         "has_body",
         "headers",
         "keep_alive",
+        "length",
         "method",
         "on_complete",
         "sink",
@@ -83,6 +88,7 @@ class Inbound:
         self.keep_alive = True
         self.has_body = False
         self.chunked = False
+        self.length: int | None = None  # the body's Content-Length, as the router read it
         self.expect_continue = False
         self.chunks: list[bytes] = []
         self._buffered = 0
@@ -141,6 +147,7 @@ class Front(asyncio.Protocol):
         self._serving = False
         self._paused_for: set[str] = set()
         self._refusal: tuple[int, str] | None = None  # owed once what is queued is answered
+        self._unframed = ""  # why a request's framing was refused
         self._writable: asyncio.Future[None] | None = None
         self.closed = False
         self._corked: list[bytes] | None = None
@@ -170,6 +177,8 @@ class Front(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             if self._head_bytes > MAX_HEAD_BYTES:  # raised from on_url/on_header below
                 self._unreadable(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+            elif self._unframed:  # raised from on_headers_complete below
+                self._unreadable(400, f"refused: {self._unframed}")
             else:
                 self._unreadable(400, f"malformed HTTP request: {exc}")
 
@@ -178,7 +187,15 @@ class Front(asyncio.Protocol):
         self.pause_reading("refused")
         current = self._current
         if current is not None and not current.complete:
-            self.abort()  # a body broke mid-way: no answer to it can be right
+            if self._queue and self._queue[-1] is current:
+                # Not handed to anyone yet (its framing broke in the bytes that brought
+                # its head): refused like any request that cannot be read.
+                self._queue.pop()
+                self._current = None
+                if not self._serving:
+                    self.refuse(status, message)
+            else:
+                self.abort()  # a body broke mid-way on its way on: no answer can be right
         elif not self._serving:
             self.refuse(status, message)
 
@@ -228,18 +245,17 @@ class Front(asyncio.Protocol):
         parser = self._parser
         if parser.should_upgrade():
             return  # refused as the parser stops (data_received), never queued
+        try:
+            framing = read_framing(self._headers, request=True)
+        except Unframed as refused:
+            self._unframed = str(refused)
+            raise  # the parser stops here: nothing of this request goes anywhere
         inbound = Inbound(self, parser.get_method(), self._url, self._headers)
         inbound.version = parser.get_http_version().encode()
         inbound.keep_alive = parser.should_keep_alive()
-        for name, value in self._headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                inbound.has_body = inbound.has_body or value.strip() not in (b"0", b"")
-            elif lowered == b"transfer-encoding":
-                inbound.has_body = True
-                inbound.chunked = inbound.chunked or b"chunked" in value.lower()
-            elif lowered == b"expect" and value.strip().lower() == b"100-continue":
-                inbound.expect_continue = True
+        inbound.length, inbound.chunked = framing.length, framing.chunked
+        inbound.has_body = framing.chunked or bool(framing.length)
+        inbound.expect_continue = framing.expect_continue
         self._current = inbound
         self._queue.append(inbound)
         if len(self._queue) > MAX_QUEUED:

@@ -96,17 +96,16 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"expect"}
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"expect", b"content-length"}
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
 class ReadHead(NamedTuple):
-    """A message's headers, read once: the lines to forward, the body's framing, and
-    the version the engine attests at the answer's first token (None: it said none)."""
+    """A message's headers, read once: the lines to forward, whether it is an event
+    stream, and the version the engine attests at the answer's first token (None: it
+    said none). Its framing is :func:`~fleetledger.router.framing.read_framing`'s."""
 
     lines: list[bytes]  # ``b"Name: value\r\n"``, what is passed on
-    chunked: bool
-    has_length: bool
     event_stream: bool
     attested: int | None = None
     partial: bool = False  # the engine said its weights were partial
@@ -115,22 +114,16 @@ class ReadHead(NamedTuple):
 def read_head(headers: Headers) -> ReadHead:
     """``headers`` in one pass (each name lower-cased once: this is on every request's
     path twice): the lines to pass on — without the hop-by-hop ones and those
-    ``Connection`` names, ``Host``, ``Expect``, and ``Content-Length`` unless the body is
-    passed with the same framing (a length, not chunks) — and the framing."""
+    ``Connection`` names, ``Host``, ``Expect``, and the framing (``Content-Length``,
+    ``Transfer-Encoding``), which the router writes itself from the numbers it read."""
     lowered = [name.lower() for name, _ in headers]
     drop = _NOT_FORWARDED
-    chunked = has_length = event_stream = False
+    event_stream = False
     for low, (_, value) in zip(lowered, headers, strict=True):
         if low == b"connection":
             drop = drop | {t.strip().lower() for t in value.split(b",") if t.strip()}
-        elif low == b"transfer-encoding":
-            chunked = chunked or b"chunked" in value.lower()
-        elif low == b"content-length":
-            has_length = True
         elif low == b"content-type":
             event_stream = value.startswith(b"text/event-stream")
-    if chunked or not has_length:
-        drop = drop | {b"content-length"}
     lines = [
         b"%s: %s\r\n" % pair for low, pair in zip(lowered, headers, strict=True) if low not in drop
     ]
@@ -142,7 +135,7 @@ def read_head(headers: Headers) -> ReadHead:
         value = headers[lowered.index(_ATTESTED)][1].strip()
         attested = int(value) if value.isdigit() else None
         partial = _WEIGHTS in lowered and headers[lowered.index(_WEIGHTS)][1].strip() == b"partial"
-    return ReadHead(lines, chunked, has_length, event_stream, attested, partial)
+    return ReadHead(lines, event_stream, attested, partial)
 
 
 def _discard(_chunk: bytes) -> None:
@@ -280,7 +273,7 @@ class Exchange:
 
     # ── the backend's side ──────────────────────────────────────────────────
 
-    def head(self, status: int, headers: Headers, keep_alive: bool) -> None:
+    def head(self, status: int, headers: Headers, keep_alive: bool, length: int | None) -> None:
         now = time.monotonic()
         outcome = self.outcome
         outcome.status = status
@@ -290,8 +283,10 @@ class Exchange:
             self.client_lost()
             return
         read = read_head(headers)
-        keep_length = read.has_length and not read.chunked
+        keep_length = length is not None
         lines = read.lines
+        if keep_length:
+            lines.append(b"Content-Length: %d\r\n" % length)
         lines.append(b"%s: %d\r\n" % (_SHARD, self.shard))
         if self.resent_from is not None:
             lines.append(b"%s: %d\r\n" % (_RESENT_FROM, self.resent_from))
@@ -536,11 +531,12 @@ async def forward(
             exchange.client_lost()
             return await exchange.done
         exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
-        read = read_head(inbound.headers)
-        chunked_in = read.chunked
-        lines = read.lines
+        chunked_in = inbound.chunked
+        lines = read_head(inbound.headers).lines
         if chunked_in:
             lines.append(b"Transfer-Encoding: chunked\r\n")
+        elif inbound.length is not None:
+            lines.append(b"Content-Length: %d\r\n" % inbound.length)
         head = b"%s %s%s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (
             inbound.method,
             origin.prefix,
