@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetledger.controller.ledger import Ledger
-from fleetledger.events.models import RolloutFates, ShardOutcomes
+from fleetledger.events.models import FailureCount, RolloutFates, ShardOutcomes
 from fleetledger.simulate.account import RoutedWait, Tally
 from fleetledger.simulate.account_oracle import (
     LEFT_WAIT_BOUND_S,
@@ -500,3 +500,22 @@ def test_a_kill_injected_after_the_run_ended_is_skipped_not_unrecorded(ledger):
     verdict = _judge(ledger, outcome)
     assert verdict.ok, verdict.problems
     assert outcome.injections[0].skipped == f"injected after the run ended (seq {ledger.view.seq})"
+
+
+def test_a_killed_shard_condemned_by_the_routers_failures_is_right_only_when_routed(ledger):
+    """Through the router a killed engine is connections refused, reported failures;
+    without it the loop sees Ray's word on the death, and a reported streak is wrong."""
+    for _ in range(3):
+        ledger.report_outcomes(
+            "router",
+            [
+                ShardOutcomes(
+                    shard=1,
+                    failures=(FailureCount(category="infra", reason="backend_error", count=1),),
+                )
+            ],
+        )
+    outcome = _outcome(ledger, ("kill", 1))
+    assert any(p.startswith("wrong rule: shard 1") for p in _judge(ledger, outcome).problems)
+    outcome.routed = True
+    assert _judge(ledger, outcome).ok
