@@ -101,7 +101,10 @@ class Recorder:
             writer.close()
 
     def close(self) -> None:
-        self.server.close()
+        self.loop.run(self._close())
+
+    async def _close(self) -> None:
+        self.server.close()  # on the server's own loop: not thread-safe from here
 
 
 def _json_answer(body: bytes) -> bytes:

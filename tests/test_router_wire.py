@@ -79,7 +79,10 @@ class RawBackend:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def close(self) -> None:
-        self.server.close()
+        self._loop.run(self._close())
+
+    async def _close(self) -> None:
+        self.server.close()  # on the server's own loop: not thread-safe from here
 
 
 @pytest.fixture

@@ -59,9 +59,16 @@ Headers = list[tuple[bytes, bytes]]
 class Listener(Protocol):
     """What a backend connection tells about the answer in progress."""
 
-    def head(self, status: int, headers: Headers, keep_alive: bool, length: int | None) -> None:
-        """The answer's head; ``length``: its Content-Length (None: chunked, or to the
-        connection's end)."""
+    def head(
+        self,
+        status: int,
+        headers: Headers,
+        lowered: list[bytes],
+        keep_alive: bool,
+        length: int | None,
+    ) -> None:
+        """The answer's head (``lowered``: its names lower-cased); ``length``: its
+        Content-Length (None: chunked, or to the connection's end)."""
 
     def body(self, chunk: bytes) -> None: ...
     def end(self) -> None: ...
@@ -203,8 +210,9 @@ class BackendConnection(asyncio.Protocol):
                 raise ConnectionError(f"{self.origin.key} switched protocols unasked")
             self._interim = True
             return
+        lowered = [name.lower() for name, _ in self._headers]
         try:
-            framing = read_framing(self._headers, request=False)
+            framing = read_framing(self._headers, lowered, request=False)
         except Unframed as refused:
             self._unframed = str(refused)
             raise  # the parser stops: this answer is the shard's failure, never passed on
@@ -212,7 +220,7 @@ class BackendConnection(asyncio.Protocol):
         framed = framing.chunked or framing.length is not None
         self._until_eof = status not in (204, 304) and not framed
         if self.listener is not None:
-            self.listener.head(status, self._headers, self._keep_alive, framing.length)
+            self.listener.head(status, self._headers, lowered, self._keep_alive, framing.length)
 
     def on_body(self, chunk: bytes) -> None:
         # An empty piece is the parser seeing the connection end mid-body: not a piece.

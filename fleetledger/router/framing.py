@@ -14,11 +14,11 @@ is refused, in one line naming what was wrong:
 - both ``Content-Length`` and ``Transfer-Encoding``; more than one of either; a
   ``Content-Length`` that is not one decimal number; a transfer coding other than
   ``chunked`` (the router re-frames what it forwards and decodes no other coding);
-- a NUL, CR or LF inside a header's name or value (an obs-fold's line break
-  included), and more than one ``Host`` on a request.
+- more than one ``Host`` on a request.
 
-What the parser (llhttp) already refuses — a chunk size out of range, a malformed
-chunk, a bare LF line ending — is refused by it, with the same answer. What passes is
+What the parser (llhttp, strict) already refuses is refused by it, with the same
+answer: a NUL, CR, LF or other control byte inside a header's name or value, an
+obs-fold, a bare LF line ending, a chunk size out of range, a malformed chunk. What passes is
 forwarded with framing the router writes itself from the numbers read here, never a
 client's or a backend's framing line copied, so nothing past the framed body is ever
 forwarded as another message.
@@ -32,7 +32,6 @@ __all__ = ["Framing", "Unframed", "read_framing"]
 
 Headers = list[tuple[bytes, bytes]]
 
-_MAX_LENGTH = 2**53  # a body no router would hold; past it a "length" is an attack
 _ROUTERS_OWN = frozenset({b"content-length", b"transfer-encoding", b"host"})
 _NAMES = {b"content-length": "Content-Length", b"transfer-encoding": "Transfer-Encoding"}
 
@@ -50,53 +49,67 @@ class Framing(NamedTuple):
     expect_continue: bool  # a request's ``Expect: 100-continue``
 
 
-def _controls(data: bytes) -> bool:
-    return b"\r" in data or b"\n" in data or b"\0" in data
-
-
-def read_framing(headers: Headers, *, request: bool) -> Framing:
-    """The framing of a message with ``headers``, or :class:`Unframed` (module rules)."""
+def read_framing(headers: Headers, lowered: list[bytes], *, request: bool) -> Framing:
+    """The framing of a message with ``headers`` (``lowered``: their names lower-cased,
+    once, by the caller, who reads the head with them too), or :class:`Unframed` (the
+    module's rules). On every request's and every answer's path: a scan of the names in
+    C per rule, no loop over the headers in Python (one cost 7-10 µs a message)."""
+    lengths = lowered.count(b"content-length")
+    chunked = False
+    if b"transfer-encoding" in lowered:
+        if lengths:
+            raise Unframed("both Content-Length and Transfer-Encoding: the framing is ambiguous")
+        codings = lowered.count(b"transfer-encoding")
+        if codings > 1:
+            raise Unframed(f"{codings} Transfer-Encoding headers: the framing is ambiguous")
+        value = headers[lowered.index(b"transfer-encoding")][1]
+        if value.strip(b" \t").lower() != b"chunked":
+            raise Unframed(f"Transfer-Encoding {_shown(value)}: the router takes only chunked")
+        chunked = True
     length: int | None = None
-    lengths = codings = hosts = 0
-    expect_continue = False
-    for name, value in headers:
-        if _controls(name) or _controls(value):
-            shown = name.decode("latin-1").translate(_VISIBLE)[:40]
-            raise Unframed(f"header {shown!r} holds a NUL, CR or LF (an obs-fold included)")
-        low = name.lower()
-        if low == b"content-length":
-            lengths += 1
-            text = value.strip(b" \t")
-            if not text.isdigit() or len(text) > 16 or int(text) > _MAX_LENGTH:
-                shown = value.decode("latin-1").translate(_VISIBLE)[:40]
-                raise Unframed(f"Content-Length {shown!r} is not one decimal length")
-            length = int(text)
-        elif low == b"transfer-encoding":
-            codings += 1
-            if value.strip(b" \t").lower() != b"chunked":
-                shown = value.decode("latin-1").translate(_VISIBLE)[:40]
-                raise Unframed(f"Transfer-Encoding {shown!r}: the router takes only chunked")
-        elif low == b"connection":
-            named = {t.strip(b" \t").lower() for t in value.split(b",")} & _ROUTERS_OWN
-            if named:
-                which = ", ".join(sorted(_NAMES.get(n, "Host") for n in named))
-                raise Unframed(
-                    f"Connection names {which}: framing and routing headers are never hop-by-hop"
-                )
-        elif low == b"host":
-            hosts += 1
-        elif request and low == b"expect":
-            expect_continue = value.strip(b" \t").lower() == b"100-continue"
-    if lengths and codings:
-        raise Unframed("both Content-Length and Transfer-Encoding: the framing is ambiguous")
-    if lengths > 1:
-        raise Unframed(f"{lengths} Content-Length headers: the framing is ambiguous")
-    if codings > 1:
-        raise Unframed(f"{codings} Transfer-Encoding headers: the framing is ambiguous")
-    if request and hosts > 1:
-        raise Unframed(f"{hosts} Host headers: whose request it is is ambiguous")
-    return Framing(length, codings == 1, expect_continue)
+    if lengths:
+        if lengths > 1:
+            raise Unframed(f"{lengths} Content-Length headers: the framing is ambiguous")
+        value = headers[lowered.index(b"content-length")][1]
+        text = value.strip(b" \t")
+        if not text.isdigit() or len(text) > 15:  # ASCII digits only; under 10**15 bytes
+            raise Unframed(f"Content-Length {_shown(value)} is not one decimal length")
+        length = int(text)
+    if b"connection" in lowered and _may_name_framing(headers, lowered):
+        _connection(headers, lowered)
+    if request and lowered.count(b"host") > 1:
+        raise Unframed(f"{lowered.count(b'host')} Host headers: whose request it is is ambiguous")
+    expect_continue = (
+        request
+        and b"expect" in lowered
+        and headers[lowered.index(b"expect")][1].strip(b" \t").lower() == b"100-continue"
+    )
+    return Framing(length, chunked, expect_continue)
 
 
-# What a refusal shows of a hostile header: printable ASCII, anything else as "?".
+def _may_name_framing(headers: Headers, lowered: list[bytes]) -> bool:
+    """A cheap look first (an answer's ``Connection: keep-alive`` is on every path)."""
+    if lowered.count(b"connection") > 1:
+        return True
+    value = headers[lowered.index(b"connection")][1].lower()
+    return b"content-length" in value or b"transfer-encoding" in value or b"host" in value
+
+
+def _connection(headers: Headers, lowered: list[bytes]) -> None:
+    for low, (_, value) in zip(lowered, headers, strict=True):
+        if low != b"connection":
+            continue
+        named = {t.strip(b" \t").lower() for t in value.split(b",")} & _ROUTERS_OWN
+        if named:
+            which = ", ".join(sorted(_NAMES.get(n, "Host") for n in named))
+            raise Unframed(
+                f"Connection names {which}: framing and routing headers are never hop-by-hop"
+            )
+
+
+def _shown(value: bytes) -> str:
+    """What a refusal shows of a hostile value: printable ASCII, the rest as "?"."""
+    return repr(value.decode("latin-1").translate(_VISIBLE)[:40])
+
+
 _VISIBLE = {c: "?" for c in (*range(0x20), *range(0x7F, 0x100))}

@@ -72,6 +72,7 @@ class Inbound:
         "headers",
         "keep_alive",
         "length",
+        "lowered",
         "method",
         "on_complete",
         "sink",
@@ -89,6 +90,7 @@ class Inbound:
         self.has_body = False
         self.chunked = False
         self.length: int | None = None  # the body's Content-Length, as the router read it
+        self.lowered: list[bytes] = []  # the headers' names, lower-cased once
         self.expect_continue = False
         self.chunks: list[bytes] = []
         self._buffered = 0
@@ -245,8 +247,9 @@ class Front(asyncio.Protocol):
         parser = self._parser
         if parser.should_upgrade():
             return  # refused as the parser stops (data_received), never queued
+        lowered = [name.lower() for name, _ in self._headers]
         try:
-            framing = read_framing(self._headers, request=True)
+            framing = read_framing(self._headers, lowered, request=True)
         except Unframed as refused:
             self._unframed = str(refused)
             raise  # the parser stops here: nothing of this request goes anywhere
@@ -254,6 +257,7 @@ class Front(asyncio.Protocol):
         inbound.version = parser.get_http_version().encode()
         inbound.keep_alive = parser.should_keep_alive()
         inbound.length, inbound.chunked = framing.length, framing.chunked
+        inbound.lowered = lowered
         inbound.has_body = framing.chunked or bool(framing.length)
         inbound.expect_continue = framing.expect_continue
         self._current = inbound

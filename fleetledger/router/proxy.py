@@ -111,12 +111,12 @@ class ReadHead(NamedTuple):
     partial: bool = False  # the engine said its weights were partial
 
 
-def read_head(headers: Headers) -> ReadHead:
-    """``headers`` in one pass (each name lower-cased once: this is on every request's
-    path twice): the lines to pass on — without the hop-by-hop ones and those
-    ``Connection`` names, ``Host``, ``Expect``, and the framing (``Content-Length``,
-    ``Transfer-Encoding``), which the router writes itself from the numbers it read."""
-    lowered = [name.lower() for name, _ in headers]
+def read_head(headers: Headers, lowered: list[bytes]) -> ReadHead:
+    """``headers`` in one pass (``lowered``: their names lower-cased, once, where they
+    were parsed — this is on every request's path twice): the lines to pass on —
+    without the hop-by-hop ones and those ``Connection`` names, ``Host``, ``Expect``,
+    and the framing (``Content-Length``, ``Transfer-Encoding``), which the router
+    writes itself from the numbers it read."""
     drop = _NOT_FORWARDED
     event_stream = False
     for low, (_, value) in zip(lowered, headers, strict=True):
@@ -273,7 +273,14 @@ class Exchange:
 
     # ── the backend's side ──────────────────────────────────────────────────
 
-    def head(self, status: int, headers: Headers, keep_alive: bool, length: int | None) -> None:
+    def head(
+        self,
+        status: int,
+        headers: Headers,
+        lowered: list[bytes],
+        keep_alive: bool,
+        length: int | None,
+    ) -> None:
         now = time.monotonic()
         outcome = self.outcome
         outcome.status = status
@@ -282,7 +289,7 @@ class Exchange:
         if front.closed:
             self.client_lost()
             return
-        read = read_head(headers)
+        read = read_head(headers, lowered)
         keep_length = length is not None
         lines = read.lines
         if keep_length:
@@ -532,7 +539,7 @@ async def forward(
             return await exchange.done
         exchange.timer = loop.call_at(deadline, exchange.timed_out, bound_s)
         chunked_in = inbound.chunked
-        lines = read_head(inbound.headers).lines
+        lines = read_head(inbound.headers, inbound.lowered).lines
         if chunked_in:
             lines.append(b"Transfer-Encoding: chunked\r\n")
         elif inbound.length is not None:
