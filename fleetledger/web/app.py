@@ -24,8 +24,9 @@ from aiohttp import web
 
 from fleetledger.logs import get_logger
 from fleetledger.web import api, page, stream
+from fleetledger.web.doors import COOKIE, Doors, doors_for
 from fleetledger.web.problems import HttpProblem, problem_body, problem_of
-from fleetledger.web.server import SERVED, ServedLedger
+from fleetledger.web.server import DOORS, SERVED, ServedLedger
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -54,13 +55,19 @@ def json_problem(status: int, message: str) -> web.Response:
     )
 
 
+OPEN_ROUTES = frozenset({"page", "run_page", "static"})
+"""Open without the token: the page's shell (no ledger data in it) and its files; the
+page then reads everything through the API, showing the token."""
+
+
 @web.middleware
 async def answer_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every refusal and failure as ``{"error", "status"}`` with its status, counted."""
     served = request.app[SERVED]
     route = request.match_info.route.name or "unknown"
+    shown_token = False
     try:
-        _check_host(request)
+        shown_token = _check_doors(request, route)
         response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -76,34 +83,45 @@ async def answer_errors(request: web.Request, handler: Handler) -> web.StreamRes
         if status == 500:
             _log.error("request failed", path=request.path, error=message)
         response = json_problem(status, message)
+        if status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="fleetledger"'
+    if shown_token and not response.prepared:
+        # The page's stream is opened by the browser without headers: a cookie carries it.
+        token = request.app[DOORS].token
+        response.set_cookie(COOKIE, token or "", httponly=True, samesite="Strict", path="/")
     served.metrics.requests.labels(route, str(response.status)).inc()
     return response
 
 
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-HOSTS = web.AppKey("hosts", frozenset)  # the Host names answered; empty: any
-
-
-def _check_host(request: web.Request) -> None:
-    """On loopback, answer only requests addressed to it: a web page elsewhere that
-    points a name of its own at 127.0.0.1 (DNS rebinding) must not read the ledger."""
-    hosts = request.app[HOSTS]
-    name = (request.url.host or "").strip("[]").lower()
-    if hosts and name not in hosts:
+def _check_doors(request: web.Request, route: str) -> bool:
+    """A Host this server answers (DNS rebinding: a page elsewhere that points a name of
+    its own at 127.0.0.1 must not read the ledger), and the token where one is set;
+    whether the request showed it in a header (the cookie is then set)."""
+    doors = request.app[DOORS]
+    refused = doors.host_refusal(request.headers.get("Host"))
+    if refused is not None:
+        raise HttpProblem(*refused)
+    if doors.token is None or route in OPEN_ROUTES:
+        return False
+    authorization = request.headers.get("Authorization")
+    if not doors.admits(authorization, request.cookies.get(COOKIE)):
         raise HttpProblem(
-            403, f"Host {name[:60]!r} is not this server's: it answers {', '.join(sorted(hosts))}"
+            401,
+            "this server needs its token: send Authorization: Bearer TOKEN (the page: "
+            "open it as /#token=TOKEN)",
         )
+    return authorization is not None and doors.admits(authorization, None)
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(page.HEADERS)
 
 
-def make_app(served: ServedLedger, host: str = "127.0.0.1") -> web.Application:
+def make_app(served: ServedLedger, doors: Doors | None = None) -> web.Application:
+    """The application; ``doors``: who may read (default: a loopback server's)."""
     app = web.Application(middlewares=[answer_errors])
     app[SERVED] = served
-    loopback = host.strip("[]").lower() in LOOPBACK_NAMES
-    app[HOSTS] = LOOPBACK_NAMES | {host.strip("[]").lower()} if loopback else frozenset()
+    app[DOORS] = doors if doors is not None else doors_for("127.0.0.1", "127.0.0.1")
     app.on_response_prepare.append(_security_headers)
     for path, name, handler in ROUTES:
         app.router.add_get(path, handler, name=name, allow_head=False)

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from fleetledger.timeline.html import TIMELINE_CSS
 from fleetledger.timeline.palette import STATE_COLOURS
-from fleetledger.web.server import SERVED
+from fleetledger.web.server import DOORS, SERVED
 
 CSP = (
     "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -57,7 +57,9 @@ def static_files() -> dict[str, tuple[str, str]]:
 
 
 async def index(request: web.Request) -> web.Response:
-    ledger = escape(request.app[SERVED].source.display_url, quote=True)
+    # Open without the token (the shell only): then it names no ledger either.
+    guarded = request.app[DOORS].token is not None
+    ledger = "" if guarded else escape(request.app[SERVED].source.display_url, quote=True)
     text = _package_file("index.html").replace("{{ledger}}", ledger)
     return web.Response(text=text, content_type="text/html")
 

@@ -29,6 +29,7 @@ from fleetledger.store.log import EventLog
 from fleetledger.store.postgres_listen import AppendListener
 from fleetledger.store.sqlite_file import FileStamp, change_stamp
 from fleetledger.store.urls import parse_db_url, sqlite_path
+from fleetledger.web.doors import Doors, DoorsRefused, doors_for
 from fleetledger.web.feeds import RunFeed
 from fleetledger.web.ledger_source import LedgerSource
 from fleetledger.web.metrics import ServeMetrics
@@ -220,6 +221,7 @@ class ServedLedger:
 
 
 SERVED = web.AppKey("served", ServedLedger)  # the application's one piece of state
+DOORS = web.AppKey("doors", Doors)  # who may read it (fleetledger.web.doors)
 
 
 # ── running it ─────────────────────────────────────────────────────────────────
@@ -254,17 +256,42 @@ def _bound_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class Access:
+    """What ``serve`` was told about who may read: ``--allow-host``, the token, and
+    ``--no-auth`` (fleetledger.web.doors)."""
+
+    allow_hosts: tuple[str, ...] = ()
+    token: str | None = None
+    no_auth: bool = False
+
+
 @contextlib.asynccontextmanager
 async def _serving(
-    db_url: str | None, host: str, port: int, poll_interval_s: float | None
+    db_url: str | None,
+    host: str,
+    port: int,
+    poll_interval_s: float | None,
+    access: Access = Access(),
 ) -> AsyncIterator[tuple[str, int, ServedLedger]]:
     """The server up from enter to exit: (url, port, served)."""
     from fleetledger.web.app import make_app  # it imports this module (SERVED): a cycle
 
     sock = _bound_socket(host, port)
+    try:
+        doors = doors_for(
+            sock.getsockname()[0],
+            host,
+            allow_hosts=access.allow_hosts,
+            token=access.token,
+            no_auth=access.no_auth,
+        )
+    except DoorsRefused as refused:
+        sock.close()
+        raise ServeError(str(refused)) from None
     served = ServedLedger(db_url, poll_interval_s=poll_interval_s)
     await served.start()
-    runner = web.AppRunner(make_app(served, host), shutdown_timeout=1.0, access_log=None)
+    runner = web.AppRunner(make_app(served, doors), shutdown_timeout=1.0, access_log=None)
     try:
         await runner.setup()
         await web.SockSite(runner, sock).start()
@@ -296,6 +323,7 @@ def start_server(
     port: int = DEFAULT_PORT,
     *,
     poll_interval_s: float | None = None,
+    access: Access = Access(),
 ) -> RunningServer:
     """Serve the ledger from a thread of this process (``simulate --serve``, tests);
     returns once it listens (port 0: a free port, read back into ``url``)."""
@@ -305,7 +333,11 @@ def start_server(
     async def serve() -> None:
         stop = asyncio.Event()
         try:
-            async with _serving(db_url, host, port, poll_interval_s) as (url, bound, served):
+            async with _serving(db_url, host, port, poll_interval_s, access) as (
+                url,
+                bound,
+                served,
+            ):
                 ready.update(url=url, port=bound, served=served, stop=stop)
                 started.set()
                 await stop.wait()
@@ -341,12 +373,13 @@ def serve_forever(
     *,
     poll_interval_s: float | None = None,
     on_listening: Callable[[str, ServedLedger], None] | None = None,
+    access: Access = Access(),
 ) -> None:
     """Serve until interrupted (``fleetledger serve``); ``on_listening(url, served)`` once
     the socket is bound."""
 
     async def serve() -> None:
-        async with _serving(db_url, host, port, poll_interval_s) as (url, _, served):
+        async with _serving(db_url, host, port, poll_interval_s, access) as (url, _, served):
             if on_listening is not None:
                 on_listening(url, served)
             await asyncio.Event().wait()

@@ -12,6 +12,27 @@ const RUNS_EVERY_MS = 5000;
 const FAULTS_EVERY_MS = 5000; // what each fault cost: a replay of the run, so not on every seq
 const VERSIONS_SHOWN = 8; // rows of "weights served" (the newest versions)
 
+// ── the token ──────────────────────────────────────────────────────────────────
+//
+// A server off loopback needs its token (docs/http.md, Security): opened as
+// /#token=TOKEN, the page keeps it for this tab and takes it out of the address bar.
+// The fragment is never sent to a server nor logged; the API gets it in a header, and
+// the stream — which a browser opens without headers — in the cookie the server sets
+// on the first answer to a request that showed it.
+
+const TOKEN = (() => {
+  const found = location.hash.match(/^#token=([^&]+)/);
+  if (found) {
+    sessionStorage.setItem("fleetledger-token", decodeURIComponent(found[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem("fleetledger-token");
+})();
+
+function authorized(headers) {
+  return TOKEN ? { ...headers, Authorization: `Bearer ${TOKEN}` } : headers;
+}
+
 // ── small helpers ──────────────────────────────────────────────────────────────
 
 function el(tag, attrs, ...children) {
@@ -28,7 +49,7 @@ function el(tag, attrs, ...children) {
 }
 
 async function getJSON(url) {
-  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  const response = await fetch(url, { headers: authorized({ Accept: "application/json" }) });
   const body = await response.json().catch(() => null);
   if (!response.ok) {
     throw new Error(body && body.error ? body.error : `${response.status} ${response.statusText}`);
@@ -37,7 +58,7 @@ async function getJSON(url) {
 }
 
 async function getText(url) {
-  const response = await fetch(url);
+  const response = await fetch(url, { headers: authorized({}) });
   if (!response.ok) {
     const body = await response.json().catch(() => null);
     throw new Error(body && body.error ? body.error : `${response.status} ${response.statusText}`);
