@@ -205,6 +205,10 @@ BAD_REQUESTS = [
     ("runs/r1/membership?at=999", 400, "has seqs 1.."),
     ("runs/r1/membership?at=2026-01-01T00:00:00", 400, "has no time zone"),
     ("runs/r1/explain?at=0", 400, "has seqs 1.."),
+    # A time before the run's first event: the asker's mistake, naming the first seq.
+    ("runs/r1/membership?at=2000-01-01T00:00:00Z", 400, "(seq 1); 2000-01-01T00:00:00"),
+    ("runs/r1/explain?at=2000-01-01T00:00:00Z", 400, "is before its first event"),
+    ("runs/r1/shards/0/explain?at=2000-01-01T00:00:00Z", 400, "is before its first event"),
     ("runs/r1/history?from=0", 400, "from='0'"),
     ("runs/r1/history?from=999", 400, "from=999"),
     ("runs/r1/history?limit=99999", 400, "at most 5000"),

@@ -35,6 +35,11 @@ class LedgerReadError(LedgerError):
     """The database failed a read: a corrupted or truncated file, a lost connection."""
 
 
+class BeforeTheRun(LedgerError):
+    """A time asked of a run before its first event: a question with no answer, the
+    asker's (HTTP: 400), not the ledger's fault."""
+
+
 class AppendRejected(LedgerError):
     """An append was refused before anything was written; the log is unchanged."""
 

@@ -49,6 +49,7 @@ from fleetledger.store.batch_rules import check_batch, refuse_ids
 from fleetledger.store.database import Database, OpenMode, open_database
 from fleetledger.store.errors import (
     AppendRejected,
+    BeforeTheRun,
     EventIdConflict,
     ImportedIdTwice,
     LedgerWriteError,
@@ -491,7 +492,7 @@ class EventLog:
 
             first_at = time_of(1)
             if at_us < first_at:
-                raise LedgerError(
+                raise BeforeTheRun(
                     f"run {run!r} began at {iso_at(first_at)} (seq 1); "
                     f"{iso_at(at_us)} is before its first event"
                 )

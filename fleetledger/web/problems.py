@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetledger.errors import FleetledgerError
 from fleetledger.queries import PointError
-from fleetledger.store.errors import LedgerOpenError, LedgerReadError, UnknownRun
+from fleetledger.store.errors import BeforeTheRun, LedgerOpenError, LedgerReadError, UnknownRun
 
 
 class HttpProblem(FleetledgerError):
@@ -36,6 +36,7 @@ def bad_request(message: str) -> HttpProblem:
 STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
     (UnknownRun, 404),
     (PointError, 400),
+    (BeforeTheRun, 400),  # ?at= a time before the run's first event
     (LedgerOpenError, 503),  # missing, foreign, too new, unreachable, needs migrating
     (LedgerReadError, 503),  # a lost connection, a file truncated under us
     (FleetledgerError, 500),
