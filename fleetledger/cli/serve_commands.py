@@ -95,12 +95,13 @@ def serve(
                 "whole ledger",
                 err=True,
             )
-        problem = served.first_look()
         say(
             f"fleetledger: serving {served.source.display_url} read-only: the page at {url}, "
             f"the API at {url}api/v1/; Ctrl-C to stop",
             err=True,
         )
+
+    def first_look(problem: str | None) -> None:
         if problem is not None:
             say(
                 f"fleetledger: warning: {problem}; serving anyway: requests answer 503 until "
@@ -119,6 +120,7 @@ def serve(
             port,
             poll_interval_s=poll_s,
             on_listening=listening,
+            on_first_look=first_look,
             access=Access(tuple(allow_host or ()), token, no_auth),
         )
     except KeyboardInterrupt:

@@ -38,13 +38,28 @@ class LedgerSource:
 
     def _open(self) -> EventLog:
         with self._lock:
-            if self._closed:
-                raise LedgerReadError(f"{self.url}: the server is shutting down")
+            self._refuse_if_closed()
             self._drop_if_replaced()
-            if self._log is None:
-                self._identity = self._file_identity()
-                self._log = EventLog.open(self.url, mode="read")
-            return self._log
+            if self._log is not None:
+                return self._log
+            identity = self._file_identity()
+        # Opened outside the lock: a database that accepts and never answers holds the
+        # open up to its connect timeout, and the event loop takes this lock to look for
+        # a replaced file — held here, it froze the whole server, its static files too.
+        opened = EventLog.open(self.url, mode="read")
+        with self._lock:
+            if not self._closed and self._log is None:
+                self._log, self._identity = opened, identity
+                return opened
+            log = self._log
+        opened.close()  # another request opened it meanwhile, or the server is stopping
+        self._refuse_if_closed()
+        assert log is not None
+        return log
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise LedgerReadError(f"{self.display_url}: the server is shutting down")
 
     def _drop_if_replaced(self) -> None:
         """Under the lock: close the log of a SQLite ledger replaced under us (deleted and

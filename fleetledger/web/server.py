@@ -126,7 +126,8 @@ class ServedLedger:
     async def start(self) -> None:
         self.closing = asyncio.Event()
         self._wake = asyncio.Event()
-        await self._listen_if_pushed()
+        # The listener is the pump's first work, not the server's start: a database that
+        # never answers would hold the start (and the URL it prints) to its connect timeout.
         self._pump_task = asyncio.create_task(self._pump(), name="fleetledger-pump")
 
     async def _listen_if_pushed(self) -> None:
@@ -173,6 +174,7 @@ class ServedLedger:
 
     async def _pump(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._listen_if_pushed()
         looked = loop.time()
         while not self.closing.is_set():
             followed = [f for f in self.feeds.values() if f.subscribers and not f.ended]
@@ -373,15 +375,19 @@ def serve_forever(
     *,
     poll_interval_s: float | None = None,
     on_listening: Callable[[str, ServedLedger], None] | None = None,
+    on_first_look: Callable[[str | None], None] | None = None,
     access: Access = Access(),
 ) -> None:
     """Serve until interrupted (``fleetledger serve``); ``on_listening(url, served)`` once
-    the socket is bound."""
+    the socket is bound, ``on_first_look(problem)`` once the ledger was first looked at
+    (None: it can be read; else why not, one line)."""
 
     async def serve() -> None:
         async with _serving(db_url, host, port, poll_interval_s, access) as (url, _, served):
             if on_listening is not None:
                 on_listening(url, served)
+            if on_first_look is not None:  # off the loop: the database may never answer
+                on_first_look(await served.read(served.first_look))
             await asyncio.Event().wait()
 
     asyncio.run(serve())
