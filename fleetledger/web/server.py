@@ -31,6 +31,7 @@ from fleetledger.store.sqlite_file import FileStamp, change_stamp
 from fleetledger.store.urls import parse_db_url, sqlite_path
 from fleetledger.web.doors import Doors, DoorsRefused, doors_for
 from fleetledger.web.feeds import RunFeed
+from fleetledger.web.guard import GuardedHandler, Limits, accept_burst, quiet_accept_errors
 from fleetledger.web.ledger_source import LedgerSource
 from fleetledger.web.metrics import ServeMetrics
 
@@ -275,6 +276,7 @@ async def _serving(
     port: int,
     poll_interval_s: float | None,
     access: Access = Access(),
+    limits: Limits | None = None,
 ) -> AsyncIterator[tuple[str, int, ServedLedger]]:
     """The server up from enter to exit: (url, port, served)."""
     from fleetledger.web.app import make_app  # it imports this module (SERVED): a cycle
@@ -294,13 +296,25 @@ async def _serving(
     served = ServedLedger(db_url, poll_interval_s=poll_interval_s)
     await served.start()
     runner = web.AppRunner(make_app(served, doors), shutdown_timeout=1.0, access_log=None)
+    listening: asyncio.Server | None = None
     try:
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        loop = asyncio.get_running_loop()
+        quiet_accept_errors(loop)
+        bounds = limits or Limits()
+        server = runner.server
+        assert server is not None
+        listening = await loop.create_server(
+            lambda: GuardedHandler(server, loop=loop, limits=bounds, access_log=None),
+            sock=sock,
+            backlog=accept_burst(),
+        )
         bound_port = sock.getsockname()[1]
         yield url_of(host, bound_port), bound_port, served
     finally:
         served.closing.set()  # streams end before the runner waits for their handlers
+        if listening is not None:
+            listening.close()
         await runner.cleanup()
         await served.stop()
         sock.close()
@@ -326,6 +340,7 @@ def start_server(
     *,
     poll_interval_s: float | None = None,
     access: Access = Access(),
+    limits: Limits | None = None,
 ) -> RunningServer:
     """Serve the ledger from a thread of this process (``simulate --serve``, tests);
     returns once it listens (port 0: a free port, read back into ``url``)."""
@@ -335,7 +350,7 @@ def start_server(
     async def serve() -> None:
         stop = asyncio.Event()
         try:
-            async with _serving(db_url, host, port, poll_interval_s, access) as (
+            async with _serving(db_url, host, port, poll_interval_s, access, limits) as (
                 url,
                 bound,
                 served,
