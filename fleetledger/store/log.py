@@ -528,6 +528,11 @@ class EventLog:
         with self.database.reading() as conn:
             return self._sql.count_events(conn)
 
+    def database_identity(self) -> str | None:
+        """Which database this is beyond its URL (None on SQLite: its file says it)."""
+        with self.database.reading() as conn:
+            return self._sql.database_identity(conn)
+
     # ── import ───────────────────────────────────────────────────────────────
 
     def import_run(self, run: str, rows: Iterable[ImportRow]) -> int:

@@ -143,6 +143,11 @@ class PostgresStatements:
     def count_events(self, conn: Conn) -> int:
         return int(_one(conn, "SELECT count(*) FROM fleetledger_events")[0])
 
+    def database_identity(self, conn: Conn) -> str | None:
+        # A database's oid is new when it is created again under the same name.
+        oid = _one(conn, "SELECT oid FROM pg_database WHERE datname = current_database()")[0]
+        return f"pg_database oid {oid}"
+
     def stored(self, conn: Conn, run: str, ids: Sequence[str]) -> list[Any]:
         # psycopg sends the ids as one array parameter, however many there are.
         return _all(

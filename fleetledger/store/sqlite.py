@@ -97,6 +97,9 @@ class SqliteStatements:
     def count_events(self, conn: sqlite3.Connection) -> int:
         return int(conn.execute("SELECT count(*) FROM fleetledger_events").fetchone()[0])
 
+    def database_identity(self, conn: sqlite3.Connection) -> str | None:
+        return None  # the file's (device, inode) says it, without a query
+
     def stored(self, conn: sqlite3.Connection, run: str, ids: Sequence[str]) -> list[Any]:
         # One ``?`` per id: the caller keeps a call's ids well under SQLite's bind limit.
         listed = ", ".join("?" * len(ids))

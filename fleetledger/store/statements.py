@@ -80,6 +80,11 @@ class Statements(Protocol):
 
     def count_events(self, conn: Conn) -> int: ...
 
+    def database_identity(self, conn: Conn) -> str | None:
+        """Which database this is beyond its URL (None: the backend's file says it):
+        one dropped and created again under the same name is another."""
+        ...
+
     def stored(self, conn: Conn, run: str, ids: Sequence[str]) -> list[Any]:
         """The run's rows holding one of ``ids``, as (event_id, seq, type, schema_version,
         payload), in no order."""

@@ -30,6 +30,7 @@ class LedgerSource:
         self.display_url = display_url_of(parse_db_url(self.url))
         self._path = sqlite_path(parse_db_url(self.url)) if self.backend == "sqlite" else None
         self._identity: tuple[int, int] | None = None
+        self._database: str | None = None  # PostgreSQL's word on which database it is
         self._replacements = 0
         self._replacements_seen = 0
         self._log: EventLog | None = None
@@ -47,9 +48,19 @@ class LedgerSource:
         # open up to its connect timeout, and the event loop takes this lock to look for
         # a replaced file — held here, it froze the whole server, its static files too.
         opened = EventLog.open(self.url, mode="read")
+        try:
+            database = opened.database_identity()
+        except BaseException:
+            opened.close()
+            raise
         with self._lock:
             if not self._closed and self._log is None:
                 self._log, self._identity = opened, identity
+                if self._database is not None and database != self._database:
+                    # Dropped and created again under the same name: another ledger,
+                    # whose runs the feeds must not mix with what they folded.
+                    self._replacements += 1
+                self._database = database
                 return opened
             log = self._log
         opened.close()  # another request opened it meanwhile, or the server is stopping
@@ -82,7 +93,8 @@ class LedgerSource:
         return (st.st_dev, st.st_ino)
 
     def replaced(self) -> bool:
-        """Whether the ledger file was replaced since the last call (it is then reopened)."""
+        """Whether the ledger was replaced since the last call: a SQLite file replaced
+        (it is then reopened), a PostgreSQL database found another when reopened."""
         with self._lock:
             self._drop_if_replaced()
             seen, self._replacements_seen = self._replacements_seen, self._replacements
