@@ -108,38 +108,9 @@ def judge(
             f"{injection.held_s:.2f}s (planned {injection.fault.pause_s:.2f}s), past the "
             f"condemnation bound {outcome.condemnation_s:g}s: the trial judges no pause"
         )
-    view = None
-    # shard, incarnation, input, seq, at, and whether a refit was in flight at the death
-    deaths: list[tuple[int, int, Input, int, int, bool]] = []
-    refits_done: list[tuple[int, int]] = []  # (seq, at_us) of refit_completed
-    unexplained_exhaustion: list[int] | None = None  # missing shards no fault explains
-    in_refit = False  # from a refit's start, through its aborts, to its completion
-    leaves: list[Leave] = []
-    out_since: dict[int, int] = {}  # shard -> when it left serving
-    for recorded in events:
-        if view is None:
-            view = fold([recorded])
-            continue
-        kind = recorded.event.type
-        in_refit = (in_refit or kind == "refit_started") and kind != "refit_completed"
-        for t in view.apply(recorded):
-            if t.before in SERVING and t.after not in SERVING:
-                out_since[t.shard] = t.at_us
-            elif t.before not in SERVING and t.after in SERVING and t.shard in out_since:
-                leaves.append(Leave(t.shard, out_since.pop(t.shard), t.at_us))
-            if t.after is ShardState.DEAD:
-                incarnation = view.shards[t.shard].restart_attempts
-                deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us, in_refit))
-        if recorded.event.type == "refit_completed":
-            refits_done.append((recorded.seq, recorded.at_us))
-        if recorded.event.type == "fleet_exhausted" and unexplained_exhaustion is None:
-            unexplained_exhaustion = [
-                record.index
-                for record in view.shards
-                if not record.serving
-                and _lethal_cause(injected, record.index, view, recorded.at_us) is None
-            ]
-    leaves += [Leave(shard, at_us, None) for shard, at_us in out_since.items()]
+    walk = _walk(events, injected)
+    deaths, refits_done, leaves = walk.deaths, walk.refits_done, walk.leaves
+    unexplained_exhaustion = walk.unexplained_exhaustion
     explained: list[Death] = []
     for shard, incarnation, rule, seq, at_us, during_refit in deaths:
         cause = _cause(injected, shard, incarnation, at_us)
@@ -208,6 +179,49 @@ def judge(
     if left_running:
         verdict.problems.append(f"processes left running: {sorted(left_running)}")
     return verdict
+
+
+@dataclass
+class _Walk:
+    """What the oracle reads in the trial's events, in one pass."""
+
+    # shard, incarnation, input, seq, at, and whether a refit was in flight at the death
+    deaths: list[tuple[int, int, Input, int, int, bool]] = field(default_factory=list)
+    refits_done: list[tuple[int, int]] = field(default_factory=list)  # (seq, at_us)
+    unexplained_exhaustion: list[int] | None = None  # missing shards no fault explains
+    leaves: list[Leave] = field(default_factory=list)  # shards out of serving, when
+
+
+def _walk(events: Sequence[RecordedEvent], injected: Sequence[Injection]) -> _Walk:
+    walk = _Walk()
+    view = None
+    in_refit = False  # from a refit's start, through its aborts, to its completion
+    out_since: dict[int, int] = {}  # shard -> when it left serving
+    for recorded in events:
+        if view is None:
+            view = fold([recorded])
+            continue
+        kind = recorded.event.type
+        in_refit = (in_refit or kind == "refit_started") and kind != "refit_completed"
+        for t in view.apply(recorded):
+            if t.before in SERVING and t.after not in SERVING:
+                out_since[t.shard] = t.at_us
+            elif t.before not in SERVING and t.after in SERVING and t.shard in out_since:
+                walk.leaves.append(Leave(t.shard, out_since.pop(t.shard), t.at_us))
+            if t.after is ShardState.DEAD:
+                incarnation = view.shards[t.shard].restart_attempts
+                walk.deaths.append((t.shard, incarnation, t.input, t.seq, t.at_us, in_refit))
+        if kind == "refit_completed":
+            walk.refits_done.append((recorded.seq, recorded.at_us))
+        if kind == "fleet_exhausted" and walk.unexplained_exhaustion is None:
+            walk.unexplained_exhaustion = [
+                record.index
+                for record in view.shards
+                if not record.serving
+                and _lethal_cause(injected, record.index, view, recorded.at_us) is None
+            ]
+    walk.leaves += [Leave(shard, at_us, None) for shard, at_us in out_since.items()]
+    return walk
 
 
 def _account(
