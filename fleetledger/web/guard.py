@@ -1,7 +1,7 @@
 """``serve``'s connections held to bounds: a head must arrive in time, an idle connection
 is closed, the open ones are capped, and every refusal is the API's one JSON line.
 
-A hostile pass (issue 36) found a request whose head never ended held open past 90 s;
+A hostile pass found a request whose head never ended held open past 90 s;
 under ``ulimit -n 1024``, 1,100 of them left normal requests unanswered for 15 s and
 wrote 555,487 lines of accept tracebacks to stderr in 25 s; and malformed HTTP got
 aiohttp's own multi-line text (echoing the request) and a traceback in the log per

@@ -64,8 +64,8 @@ class LedgerSource:
                 return opened
             log = self._log
         opened.close()  # another request opened it meanwhile, or the server is stopping
-        self._refuse_if_closed()
-        assert log is not None
+        if log is None:  # stopping: it was closed under us
+            raise LedgerReadError(f"{self.display_url}: the server is shutting down")
         return log
 
     def _refuse_if_closed(self) -> None:

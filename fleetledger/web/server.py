@@ -303,7 +303,8 @@ async def _serving(
         quiet_accept_errors(loop)
         bounds = limits or Limits()
         server = runner.server
-        assert server is not None
+        if server is None:  # setup() makes it; without it there is nothing to serve
+            raise ServeError("the web application did not set up its server")
         listening = await loop.create_server(
             lambda: GuardedHandler(server, loop=loop, limits=bounds, access_log=None),
             sock=sock,
