@@ -150,3 +150,11 @@ def test_slow_clients_under_a_low_file_limit_leave_a_normal_client_answered(ledg
     said = err_path.read_text()
     assert "Traceback" not in said
     assert len(said.splitlines()) < 50, said[-2000:]
+
+
+def test_an_expectation_the_server_cannot_meet_is_417_in_the_apis_json(bounded):
+    status, kind, body = get(f"{bounded.url}api/v1/runs", headers={"Expect": "weird"})
+    assert (status, kind.split(";")[0]) == (417, "application/json")
+    assert "Expect 'weird'" in json.loads(body)["error"]
+    continued = get(f"{bounded.url}api/v1/runs", headers={"Expect": "100-continue"})
+    assert continued[0] == 200

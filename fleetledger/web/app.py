@@ -113,6 +113,16 @@ def _check_doors(request: web.Request, route: str) -> bool:
     return authorization is not None and doors.admits(authorization, None)
 
 
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect``: the server takes no request body, so a 100-continue is simply let
+    through (nothing to continue) and anything else is a 417 in the API's shape — not
+    aiohttp's own text, which answers before any middleware."""
+    expect = request.headers.get("Expect", "")
+    if expect.strip().lower() == "100-continue":
+        return None
+    return json_problem(417, f"Expect {expect[:60]!r}: the server takes only 100-continue")
+
+
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(page.HEADERS)
 
@@ -124,5 +134,5 @@ def make_app(served: ServedLedger, doors: Doors | None = None) -> web.Applicatio
     app[DOORS] = doors if doors is not None else doors_for("127.0.0.1", "127.0.0.1")
     app.on_response_prepare.append(_security_headers)
     for path, name, handler in ROUTES:
-        app.router.add_get(path, handler, name=name, allow_head=False)
+        app.router.add_get(path, handler, name=name, allow_head=False, expect_handler=_expect)
     return app
