@@ -1166,6 +1166,17 @@ def test_the_command_drives_smg_serves_its_metrics_and_stops_on_sigterm(
             [RUN, "--smg", "http://127.0.0.1:9", "--smg-metrics", "http://127.0.0.1:abc"],
             "the smg metrics URL 'http://127.0.0.1:abc' is not a URL",
         ),
+        # Once taken, and retried forever: spaces, a host no DNS name is, a bad metrics
+        # address of the same kinds; a password is never said back.
+        ([RUN, "--smg", "http:// 127.0.0.1:1"], "'http:// 127.0.0.1:1' holds spaces"),
+        ([RUN, "--smg", "http://127.0.0.1:1\t"], "holds spaces or control characters"),
+        ([RUN, "--smg", "http://" + "a" * 5000 + ":1"], "names a host of 5000 characters"),
+        ([RUN, "--smg", "http://" + "a" * 64 + ".x:1"], "names a host of 66 characters"),
+        ([RUN, "--vllm-router", "http://u:secret@h:1"], "'http://u:***@h:1' carries credentials"),
+        (
+            [RUN, "--vllm-router", "http://127.0.0.1:9", "--vllm-router-metrics", "http://h :9"],
+            "the vllm-router metrics URL 'http://h :9' holds spaces",
+        ),
         (
             [
                 RUN,
@@ -1195,7 +1206,7 @@ def test_the_command_refuses_in_one_line(sqlite_url, make_engines, args, says):
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fleetledger: error: router-sync"), lines
-    assert says in lines[0]
+    assert says in lines[0] and "secret" not in lines[0] and len(lines[0]) < 300
 
 
 @pytest.mark.parametrize(

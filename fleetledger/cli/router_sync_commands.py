@@ -8,7 +8,6 @@ invocation, the read-only ones included.
 # No `from __future__ import annotations` in a command module: typer reads every
 # command's annotations at start-up, and a string annotation costs it a compile (cli.app).
 
-import re
 import signal
 import sys
 import threading
@@ -86,19 +85,6 @@ def router_sync(
     """
     if smg is None and vllm_router is None:
         raise CommandLineError("router-sync: give at least one of --smg URL or --vllm-router URL")
-    from fleetledger.router.addresses import address_problem
-
-    for option, url in (
-        ("--smg", smg),
-        ("--vllm-router", vllm_router),
-        ("--smg-metrics", smg_metrics),
-        ("--vllm-router-metrics", vllm_router_metrics),
-    ):
-        problem = None if url is None else address_problem(url)
-        if problem is not None:
-            shown = re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", url or "")  # no password said
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise CommandLineError(f"{option} {shown!r}: {problem}")
     structlog_ready()  # the sync logs through structlog itself: configured before it loads
     from fleetledger.router.sync import RouterSync
 

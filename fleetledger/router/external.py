@@ -187,10 +187,18 @@ class Registry(Protocol):
         ...
 
 
+_MAX_HOST = 253  # a DNS name's limits
+_MAX_LABEL = 63
+
+
 def http_origin(url: str) -> str:
     """``scheme://netloc`` of an HTTP(S) URL with no path beyond ``/``: the form a
     router's own address and its metrics address must take. Raises ``ValueError``
     saying what is wrong with any other."""
+    if url != url.strip() or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # urlsplit takes them, and the sync retried an address nobody could have meant
+        # forever: "http:// 127.0.0.1:1".
+        raise ValueError("holds spaces or control characters (the form is http://host:port)")
     try:
         parts = urlsplit(url)
         port = parts.port  # reading it checks it: a number from 0 to 65535
@@ -198,8 +206,11 @@ def http_origin(url: str) -> str:
         raise ValueError(f"is not a URL ({exc})") from None
     if parts.scheme not in ("http", "https"):
         raise ValueError("is not an http(s) URL of the form http://host:port")
-    if not parts.hostname:
+    host = parts.hostname
+    if not host:
         raise ValueError("names no host (the form is http://host:port)")
+    if len(host) > _MAX_HOST or any(len(label) > _MAX_LABEL for label in host.split(".")):
+        raise ValueError(f"names a host of {len(host)} characters, which no DNS name is")
     if parts.username is not None or parts.password is not None:
         raise ValueError("carries credentials, which router-sync does not send")
     if port == 0:

@@ -54,6 +54,7 @@ the router may still route to it and nothing watches it any more.
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -853,7 +854,9 @@ def _checked(what: str, url: str) -> str:
     try:
         return http_origin(url)
     except ValueError as exc:
-        raise RouterSyncError(f"router-sync: the {what} URL {url!r} {exc}") from None
+        shown = re.sub(r"//([^/@]*?):[^/@]*@", r"//\1:***@", url)  # no password said
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise RouterSyncError(f"router-sync: the {what} URL {shown!r} {exc}") from None
 
 
 def _check_settings(
