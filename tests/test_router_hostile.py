@@ -400,3 +400,15 @@ def test_an_answer_with_ambiguous_framing_is_the_shards_failure_and_never_passed
     error = json.loads(body.split(b"HTTP/1.1")[0])["error"]
     assert error["type"] == "backend_error" and "malformed answer" in error["message"]
     assert b"smuggled" not in got and b"HTTP/1.1" not in body
+
+
+def test_read_head_called_as_before_lowers_the_names_itself():
+    from fleetledger.router.proxy import read_head
+
+    headers = [(b"Content-Type", b"text/event-stream"), (b"Content-Length", b"2"), (b"X-A", b"1")]
+    read = read_head(headers)
+    assert read.event_stream and read.lines == [
+        b"Content-Type: text/event-stream\r\n",
+        b"X-A: 1\r\n",
+    ]
+    assert read_head(headers, [n.lower() for n, _ in headers]) == read

@@ -225,3 +225,12 @@ def test_the_command_refuses_open_doors_in_one_line_with_status_2(args, said, le
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in done.stderr
+
+
+def test_the_old_make_app_call_with_a_host_still_works_and_warns(ledger):
+    from fleetledger.web.app import DOORS, make_app
+    from fleetledger.web.server import ServedLedger
+
+    with pytest.warns(DeprecationWarning, match="make_app\\(served, host\\) is deprecated"):
+        app = make_app(ServedLedger(ledger), "127.0.0.1")
+    assert app[DOORS].loopback and "localhost" in app[DOORS].hosts

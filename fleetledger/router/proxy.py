@@ -111,12 +111,14 @@ class ReadHead(NamedTuple):
     partial: bool = False  # the engine said its weights were partial
 
 
-def read_head(headers: Headers, lowered: list[bytes]) -> ReadHead:
+def read_head(headers: Headers, lowered: list[bytes] | None = None) -> ReadHead:
     """``headers`` in one pass (``lowered``: their names lower-cased, once, where they
     were parsed — this is on every request's path twice): the lines to pass on —
     without the hop-by-hop ones and those ``Connection`` names, ``Host``, ``Expect``,
     and the framing (``Content-Length``, ``Transfer-Encoding``), which the router
     writes itself from the numbers it read."""
+    if lowered is None:  # the old call (before 0.2): the names lowered here
+        lowered = [name.lower() for name, _ in headers]
     drop = _NOT_FORWARDED
     event_stream = False
     for low, (_, value) in zip(lowered, headers, strict=True):

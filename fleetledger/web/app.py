@@ -18,6 +18,7 @@ Routes (all ``GET``; the server has no other verb — it never writes):
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -127,8 +128,17 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     response.headers.update(page.HEADERS)
 
 
-def make_app(served: ServedLedger, doors: Doors | None = None) -> web.Application:
-    """The application; ``doors``: who may read (default: a loopback server's)."""
+def make_app(served: ServedLedger, doors: Doors | str | None = None) -> web.Application:
+    """The application; ``doors``: who may read (default: a loopback server's). A host
+    string in its place is the old call (before 0.2): its doors are that address's."""
+    if isinstance(doors, str):
+        warnings.warn(
+            "make_app(served, host) is deprecated: pass the doors "
+            "(fleetledger.web.doors.doors_for(bound_address, host))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        doors = doors_for(doors, doors, no_auth=True)
     app = web.Application(middlewares=[answer_errors])
     app[SERVED] = served
     app[DOORS] = doors if doors is not None else doors_for("127.0.0.1", "127.0.0.1")
